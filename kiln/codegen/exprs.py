@@ -1,0 +1,300 @@
+"""Emit kernel-IR expressions as LLVM IR, scalar or `lanes`-wide (the vectorizer).
+
+Inside a vector loop over variable v every expression is either *uniform* (does not depend on v:
+emitted once as a scalar) or *varying* (a vector of `lanes`). A load whose flat address moves by 1
+with v becomes one vector load, a uniform one a scalar load broadcast on use, anything else a gather."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from llvmlite import ir
+
+from kiln.kernel.ir import Bin, Cast, Const, Expr, Load, LocalRef, Reduce, Select, Un, Var
+
+I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
+F32, F64 = ir.FloatType(), ir.DoubleType()
+PTR = ir.PointerType()
+
+SCALAR: dict[str, ir.Type] = {"float32": F32, "float64": F64, "int64": I64, "int32": I32, "int8": I8, "uint8": I8,
+                              "bool": I1}
+MEMORY: dict[str, ir.Type] = {**SCALAR, "bool": I8}  # bool is one byte in memory, as in numpy
+
+_FCMP = {"<": "<", "<=": "<=", "==": "==", "!=": "!=", ">": ">", ">=": ">="}
+_LIBM_UNARY = {"exp": "llvm.exp", "log": "llvm.log", "sqrt": "llvm.sqrt", "sin": "llvm.sin", "cos": "llvm.cos",
+               "floor": "llvm.floor", "ceil": "llvm.ceil", "round": "llvm.roundeven", "tanh": "llvm.tanh",
+               "abs": "llvm.fabs"}
+
+
+def is_float(dtype: str) -> bool:
+    return dtype in ("float32", "float64")
+
+
+def coef(e: Expr, v: Var) -> int | None:
+    """d(e)/d(v) if e is affine in v with a constant coefficient, else None."""
+    if e == v:
+        return 1
+    if isinstance(e, (Const, Var)):
+        return 0
+    if isinstance(e, Bin):
+        a, b = coef(e.a, v), coef(e.b, v)
+        if a is None or b is None:
+            return None
+        if e.op in ("+", "-"):
+            return a + b if e.op == "+" else a - b
+        if e.op == "*":
+            if a == 0 and b == 0:
+                return 0
+            if isinstance(e.b, Const) and b == 0:
+                return a * int(e.b.value)
+            if isinstance(e.a, Const) and a == 0:
+                return b * int(e.a.value)
+            return None
+        return 0 if a == 0 and b == 0 else None
+    if isinstance(e, Load):
+        return 0 if all(coef(i, v) == 0 for i in e.index) else None
+    if isinstance(e, (Un, Select, Cast)):
+        kids = [e.a] if not isinstance(e, Select) else [e.cond, e.a, e.b]
+        return 0 if all(coef(k, v) == 0 for k in kids) else None
+    return None
+
+
+def flat_index(index: tuple[Expr, ...], shape: tuple[int, ...]) -> Expr:
+    """Row-major linearization, folding away size-1 dims and zero indices."""
+    flat: Expr | None = None
+    stride = 1
+    for i, d in reversed(list(zip(index, shape))):
+        if d != 1 and not (isinstance(i, Const) and i.value == 0):
+            term = i if stride == 1 else i * stride
+            flat = term if flat is None else term + flat
+        stride *= d
+    return flat if flat is not None else Const(0, "int64")
+
+
+@dataclass
+class VectorCtx:
+    var: Var
+    lanes: int
+    base: ir.Value  # i64 index of lane 0
+
+
+class ExprEmitter:
+    """Emits expressions for one function; `env` maps loop variables to i64 values."""
+
+    def __init__(self, builder: ir.IRBuilder, module: ir.Module, buffers: dict[str, tuple[ir.Value, str, tuple[int, ...]]],
+                 locals_: dict[str, tuple[ir.Value, bool]]):
+        self.b, self.m, self.buffers, self.locals = builder, module, buffers, locals_
+        self.env: dict[str, ir.Value] = {}
+        self.vec: VectorCtx | None = None
+
+    # -- helpers -------------------------------------------------------------------------------------------------
+    def vtype(self, t: ir.Type) -> ir.Type:
+        return ir.VectorType(t, self.vec.lanes) if self.vec else t
+
+    def splat(self, x: ir.Value) -> ir.Value:
+        n = self.vec.lanes
+        undef = ir.Constant(ir.VectorType(x.type, n), ir.Undefined)
+        v = self.b.insert_element(undef, x, ir.Constant(I32, 0))
+        return self.b.shuffle_vector(v, undef, ir.Constant(ir.VectorType(I32, n), [0] * n))
+
+    def both(self, x: tuple[ir.Value, bool], y: tuple[ir.Value, bool]) -> tuple[ir.Value, ir.Value, bool]:
+        if x[1] == y[1]:
+            return x[0], y[0], x[1]
+        return (x[0] if x[1] else self.splat(x[0])), (y[0] if y[1] else self.splat(y[0])), True
+
+    def intrinsic(self, name: str, ty: ir.Type, args: list[ir.Value]) -> ir.Value:
+        suffix = f"v{ty.count}{self._tname(ty.element)}" if isinstance(ty, ir.VectorType) else self._tname(ty)
+        full = f"{name}.{suffix}"
+        fn = self.m.globals.get(full) or ir.Function(self.m, ir.FunctionType(ty, [ty] * len(args)), full)
+        return self.b.call(fn, args)
+
+    @staticmethod
+    def _tname(t: ir.Type) -> str:
+        return {F32: "f32", F64: "f64"}.get(t, str(t))
+
+    def libcall_scalarized(self, name: str, x: ir.Value, is_vec: bool) -> ir.Value:
+        """A libm function with no LLVM intrinsic (erf): call it per lane."""
+        elt = x.type.element if is_vec else x.type
+        sym = name + ("f" if elt == F32 else "")
+        fn = self.m.globals.get(sym) or ir.Function(self.m, ir.FunctionType(elt, [elt]), sym)
+        if not is_vec:
+            return self.b.call(fn, [x])
+        out = ir.Constant(x.type, ir.Undefined)
+        for i in range(x.type.count):
+            lane = self.b.call(fn, [self.b.extract_element(x, ir.Constant(I32, i))])
+            out = self.b.insert_element(out, lane, ir.Constant(I32, i))
+        return out
+
+    # -- the evaluator ------------------------------------------------------------------------------------------------
+    def ev(self, e: Expr) -> tuple[ir.Value, bool]:
+        if isinstance(e, Const):
+            return self.const(e), False
+        if isinstance(e, Var):
+            if self.vec and e == self.vec.var:
+                n = self.vec.lanes
+                return self.b.add(self.splat(self.vec.base), ir.Constant(ir.VectorType(I64, n), list(range(n)))), True
+            return self.env[e.name], False
+        if isinstance(e, LocalRef):
+            ptr, vec = self.locals[e.name]
+            return self.b.load(ptr, typ=ptr.allocated_type), vec
+        if isinstance(e, Load):
+            return self.load(e)
+        if isinstance(e, Bin):
+            return self.binary(e)
+        if isinstance(e, Un):
+            return self.unary(e)
+        if isinstance(e, Select):
+            c, cv = self.ev(e.cond)
+            a, b, v = self.both(self.ev(e.a), self.ev(e.b))
+            if v and not cv:
+                return self.b.select(c, a, b), True
+            if cv and not v:
+                a, b = self.splat(a), self.splat(b)
+            return self.b.select(c, a, b), v or cv
+        if isinstance(e, Cast):
+            return self.cast(e)
+        if isinstance(e, Reduce):
+            raise AssertionError("Reduce must be hoisted before codegen")
+        raise TypeError(f"cannot emit {type(e).__name__}")
+
+    def const(self, e: Const) -> ir.Value:
+        t = SCALAR[e.dtype]
+        if is_float(e.dtype):
+            return ir.Constant(t, float(e.value))
+        if e.dtype == "bool":
+            return ir.Constant(I1, int(bool(e.value)))
+        v = int(e.value) if np.isfinite(float(e.value)) else (np.iinfo(e.dtype).max if e.value > 0 else np.iinfo(e.dtype).min)
+        return ir.Constant(t, v)
+
+    def address(self, buf: str, index: tuple[Expr, ...]) -> tuple[ir.Value, str, Expr]:
+        ptr, dtype, shape = self.buffers[buf]
+        return ptr, dtype, flat_index(index, shape)
+
+    def load(self, e: Load) -> tuple[ir.Value, bool]:
+        ptr, dtype, flat = self.address(e.buf, e.index)
+        mt = MEMORY[dtype]
+        align = max(1, mt.width // 8) if isinstance(mt, ir.IntType) else (4 if mt == F32 else 8)
+        c = coef(flat, self.vec.var) if self.vec else 0
+        if c == 0:
+            idx, _ = self.ev(flat) if not self.vec else self._uniform(flat)
+            val = self.b.load(self.b.gep(ptr, [idx], source_etype=mt), typ=mt, align=align)
+            return self._from_memory(val, dtype), False
+        if c == 1:
+            base = self._at_base(flat)
+            p = self.b.gep(ptr, [base], source_etype=mt)
+            val = self.b.load(p, typ=ir.VectorType(mt, self.vec.lanes), align=align)
+            return self._from_memory(val, dtype), True
+        idx, _ = self.ev(flat)
+        ptrs = self.b.gep(ptr, [idx], source_etype=mt)
+        n = self.vec.lanes
+        vt = ir.VectorType(mt, n)
+        name = f"llvm.masked.gather.v{n}{self._tname(mt) if mt in (F32, F64) else str(mt)}.v{n}p0"
+        fn = self.m.globals.get(name) or ir.Function(
+            self.m, ir.FunctionType(vt, [ir.VectorType(PTR, n), I32, ir.VectorType(I1, n), vt]), name)
+        val = self.b.call(fn, [ptrs, ir.Constant(I32, align), ir.Constant(ir.VectorType(I1, n), [1] * n),
+                               ir.Constant(vt, ir.Undefined)])
+        return self._from_memory(val, dtype), True
+
+    def _uniform(self, e: Expr) -> tuple[ir.Value, bool]:
+        v, is_vec = self.ev(e)
+        assert not is_vec
+        return v, False
+
+    def _at_base(self, flat: Expr) -> ir.Value:
+        """The scalar value of `flat` at lane 0."""
+        saved, self.vec = self.vec, None
+        self.env[saved.var.name] = saved.base
+        try:
+            return self.ev(flat)[0]
+        finally:
+            del self.env[saved.var.name]
+            self.vec = saved
+
+    def _from_memory(self, val: ir.Value, dtype: str) -> ir.Value:
+        if dtype == "bool":
+            return self.b.icmp_unsigned("!=", val, ir.Constant(val.type, None))
+        return val
+
+    def to_memory(self, val: ir.Value, dtype: str) -> ir.Value:
+        if dtype == "bool":
+            t = ir.VectorType(I8, val.type.count) if isinstance(val.type, ir.VectorType) else I8
+            return self.b.zext(val, t)
+        return val
+
+    def binary(self, e: Bin) -> tuple[ir.Value, bool]:
+        a, b, vec = self.both(self.ev(e.a), self.ev(e.b))
+        dt, fl, op = e.a.dtype, is_float(e.a.dtype), e.op
+        B = self.b
+        if op in _FCMP:
+            return (B.fcmp_ordered(op, a, b) if op != "!=" else B.fcmp_unordered(op, a, b)) if fl else \
+                B.icmp_unsigned(op, a, b) if dt in ("uint8", "bool") else B.icmp_signed(op, a, b), vec
+        if op in ("max", "min"):
+            pick = ">" if op == "max" else "<"
+            c = B.fcmp_ordered(pick, a, b) if fl else B.icmp_signed(pick, a, b)
+            if fl:  # propagate NaN like numpy: if a is NaN pick a
+                c = B.or_(c, B.fcmp_unordered("uno", a, a))
+            return B.select(c, a, b), vec
+        if op == "pow":
+            return self.intrinsic("llvm.pow", a.type, [a, b]), vec
+        if op in ("and", "or", "xor"):
+            return getattr(B, op + ("_" if op in ("and", "or") else ""))(a, b), vec
+        table = {"+": ("fadd", "add"), "-": ("fsub", "sub"), "*": ("fmul", "mul"), "/": ("fdiv", "sdiv"),
+                 "//": ("fdiv", "sdiv"), "%": ("frem", "srem")}
+        fop, iop = table[op]
+        if not fl and dt == "uint8":
+            iop = {"sdiv": "udiv", "srem": "urem"}.get(iop, iop)
+        r = getattr(B, fop if fl else iop)(a, b)
+        if fl and op == "//":
+            r = self.intrinsic("llvm.floor", r.type, [r])
+        return r, vec
+
+    def unary(self, e: Un) -> tuple[ir.Value, bool]:
+        x, vec = self.ev(e.a)
+        B, op = self.b, e.op
+        if not is_float(e.a.dtype):
+            if op == "neg":
+                return B.neg(x), vec
+            if op == "not":
+                return B.not_(x), vec
+            if op == "abs":
+                return B.select(B.icmp_signed("<", x, ir.Constant(x.type, None)), B.neg(x), x), vec
+            if op in ("floor", "ceil", "round"):
+                return x, vec
+            raise TypeError(f"{op} on {e.a.dtype}")
+        if op == "neg":
+            return B.fneg(x), vec
+        if op == "sigmoid":
+            one = self._fconst(x.type, 1.0)
+            return B.fdiv(one, B.fadd(one, self.intrinsic("llvm.exp", x.type, [B.fneg(x)]))), vec
+        if op == "erf":
+            return self.libcall_scalarized("erf", x, vec), vec
+        return self.intrinsic(_LIBM_UNARY[op], x.type, [x]), vec
+
+    def _fconst(self, t: ir.Type, v: float) -> ir.Value:
+        if isinstance(t, ir.VectorType):
+            return ir.Constant(t, [v] * t.count)
+        return ir.Constant(t, v)
+
+    def cast(self, e: Cast) -> tuple[ir.Value, bool]:
+        x, vec = self.ev(e.a)
+        src, dst = e.a.dtype, e.dtype
+        st, dt = SCALAR[src], SCALAR[dst]
+        to = ir.VectorType(dt, x.type.count) if vec else dt
+        B = self.b
+        if src == dst:
+            return x, vec
+        if is_float(src) and is_float(dst):
+            return (B.fpext(x, to) if dst == "float64" else B.fptrunc(x, to)), vec
+        if is_float(src):
+            if dst == "bool":
+                return B.fcmp_unordered("!=", x, self._fconst(x.type, 0.0)), vec
+            return (B.fptoui(x, to) if dst == "uint8" else B.fptosi(x, to)), vec
+        if is_float(dst):
+            return (B.uitofp(x, to) if src in ("bool", "uint8") else B.sitofp(x, to)), vec
+        if dst == "bool":
+            return B.icmp_signed("!=", x, ir.Constant(x.type, None)), vec
+        if dt.width > st.width:
+            return (B.zext(x, to) if src in ("bool", "uint8") else B.sext(x, to)), vec
+        if dt.width < st.width:
+            return B.trunc(x, to), vec
+        return x, vec

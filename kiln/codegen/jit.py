@@ -1,0 +1,69 @@
+"""LLVM IR text → optimized object code → callable machine code (MCJIT, object loaded from bytes,
+so a cached or saved object runs without recompiling)."""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import threading
+
+import llvmlite.binding as llvm
+
+from kiln.target import Target
+
+_LOCK = threading.Lock()  # LLVM's global state is not thread-safe
+
+
+@functools.cache
+def init_llvm() -> None:
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    llvm.initialize_native_asmparser()
+    for lib in ("libgomp.so.1", ctypes.util.find_library("m") or "libm.so.6"):
+        llvm.load_library_permanently(lib)
+
+
+def target_machine(target: Target, opt: int = 3) -> llvm.TargetMachine:
+    init_llvm()
+    t = llvm.Target.from_triple(target.triple)
+    return t.create_target_machine(cpu=target.cpu, features=target.features, opt=opt, reloc="pic",
+                                   codemodel="default")
+
+
+def optimize(ir_text: str, target: Target, opt: int = 3) -> llvm.ModuleRef:
+    with _LOCK:
+        tm = target_machine(target, opt)
+        mod = llvm.parse_assembly(ir_text)
+        mod.verify()
+        mod.triple = target.triple
+        mod.data_layout = str(tm.target_data)
+        pto = llvm.create_pipeline_tuning_options(speed_level=opt)
+        pb = llvm.create_pass_builder(tm, pto)
+        pb.getModulePassManager().run(mod, pb)
+        return mod
+
+
+def emit_object(mod: llvm.ModuleRef, target: Target) -> bytes:
+    with _LOCK:
+        return target_machine(target).emit_object(mod)
+
+
+def emit_assembly(mod: llvm.ModuleRef, target: Target) -> str:
+    with _LOCK:
+        return target_machine(target).emit_assembly(mod)
+
+
+class LoadedObject:
+    """An object file mapped into this process; keeps the engine alive as long as the functions."""
+
+    def __init__(self, obj: bytes, target: Target):
+        with _LOCK:
+            self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), target_machine(target))
+            self.engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
+            self.engine.finalize_object()
+
+    def address(self, name: str) -> int:
+        addr = self.engine.get_function_address(name)
+        if not addr:
+            raise RuntimeError(f"symbol {name} not found in the compiled object")
+        return addr

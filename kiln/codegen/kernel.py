@@ -1,0 +1,174 @@
+"""Emit one scheduled Kernel as an LLVM function `void @name(ptr b0, ..., ptr bn)`.
+
+Loops become counted loops; `vector` loops a vector main loop plus a scalar remainder; a top-level
+`parallel` loop is outlined into `@name.par<k>(ptr ctx)` and run through the OpenMP runtime's
+`GOMP_parallel` (libgomp keeps a persistent pool of threads between calls), one static chunk per
+thread."""
+from __future__ import annotations
+
+from llvmlite import ir
+
+from kiln.codegen.exprs import I32, I64, MEMORY, PTR, SCALAR, ExprEmitter, VectorCtx, coef, flat_index
+from kiln.kernel.ir import Assign, Const, Kernel, Local, Loop, Stmt, Store
+
+NTHREADS_GLOBAL = "kiln.nthreads"
+
+
+def declare_runtime(m: ir.Module) -> None:
+    if "GOMP_parallel" in m.globals:
+        return
+    ir.Function(m, ir.FunctionType(ir.VoidType(), [PTR, PTR, I32, I32]), "GOMP_parallel")
+    ir.Function(m, ir.FunctionType(I32, []), "omp_get_thread_num")
+    ir.Function(m, ir.FunctionType(I32, []), "omp_get_num_threads")
+    g = ir.GlobalVariable(m, I32, NTHREADS_GLOBAL)
+    g.initializer = ir.Constant(I32, 1)
+    g.linkage = "internal"
+
+
+class KernelEmitter:
+    def __init__(self, module: ir.Module, kernel: Kernel, fn_name: str):
+        self.m, self.k, self.name = module, kernel, fn_name
+        self.bufs = list(kernel.args) + list(kernel.scratch)
+        self.n_par = 0
+
+    def emit(self) -> ir.Function:
+        declare_runtime(self.m)
+        fn = ir.Function(self.m, ir.FunctionType(ir.VoidType(), [PTR] * len(self.bufs)), self.name)
+        fn.linkage = "internal"
+        fn.attributes.add("noinline")  # one function per kernel: linear compile time, per-kernel profiles
+        for a in fn.args:
+            a.attributes.add("noalias")
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        for s in self.k.body:
+            if isinstance(s, Loop) and s.kind == "parallel":
+                self.parallel(b, list(fn.args), s)
+            else:
+                self.stmts(b, self.emitter(b, list(fn.args)), [s])
+        b.ret_void()
+        return fn
+
+    def emitter(self, b: ir.IRBuilder, ptrs: list[ir.Value]) -> ExprEmitter:
+        buffers = {buf.name: (p, buf.dtype, buf.shape) for buf, p in zip(self.bufs, ptrs)}
+        return ExprEmitter(b, self.m, buffers, {})
+
+    # -- statements ------------------------------------------------------------------------------------------------------
+    def stmts(self, b: ir.IRBuilder, em: ExprEmitter, body: list[Stmt]) -> None:
+        for s in body:
+            if isinstance(s, Loop):
+                self.loop(b, em, s)
+            elif isinstance(s, Store):
+                self.store(b, em, s)
+            elif isinstance(s, Local):
+                t = SCALAR[s.dtype]
+                ptr = self.entry_alloca(b, em.vtype(t))
+                em.locals[s.name] = (ptr, em.vec is not None)
+                v, is_vec = em.ev(s.init)
+                b.store(em.splat(v) if em.vec and not is_vec else v, ptr)
+            elif isinstance(s, Assign):
+                ptr, vec = em.locals[s.name]
+                v, is_vec = em.ev(s.value)
+                b.store(em.splat(v) if vec and not is_vec else v, ptr)
+
+    def entry_alloca(self, b: ir.IRBuilder, t: ir.Type) -> ir.Value:
+        """Allocas in the entry block so mem2reg turns accumulators into registers."""
+        entry = b.function.entry_basic_block
+        with b.goto_block(entry):
+            if entry.instructions:
+                b.position_before(entry.instructions[0])
+            return b.alloca(t)
+
+    def store(self, b: ir.IRBuilder, em: ExprEmitter, s: Store) -> None:
+        ptr, dtype, shape = em.buffers[s.buf]
+        flat = flat_index(s.index, shape)
+        val, is_vec = em.ev(s.value)
+        val = em.to_memory(val, dtype)
+        mt = MEMORY[dtype]
+        align = max(1, mt.width // 8) if isinstance(mt, ir.IntType) else (4 if dtype == "float32" else 8)
+        if not em.vec:
+            b.store(val, b.gep(ptr, [em.ev(flat)[0]], source_etype=mt), align=align)
+            return
+        if not is_vec:
+            val = em.splat(val)
+        c = coef(flat, em.vec.var)
+        if c == 1:
+            b.store(val, b.gep(ptr, [em._at_base(flat)], source_etype=mt), align=align)
+            return
+        if c == 0:
+            raise AssertionError(f"vectorized store to a uniform address in {self.k.name}: bad schedule")
+        idx, _ = em.ev(flat)
+        n = em.vec.lanes
+        ptrs = b.gep(ptr, [idx], source_etype=mt)
+        tn = {"float32": "f32", "float64": "f64"}.get(dtype, str(mt))
+        name = f"llvm.masked.scatter.v{n}{tn}.v{n}p0"
+        vt = ir.VectorType(mt, n)
+        fn = self.m.globals.get(name) or ir.Function(
+            self.m, ir.FunctionType(ir.VoidType(), [vt, ir.VectorType(PTR, n), I32, ir.VectorType(ir.IntType(1), n)]),
+            name)
+        b.call(fn, [val, ptrs, ir.Constant(I32, align), ir.Constant(ir.VectorType(ir.IntType(1), n), [1] * n)])
+
+    def counted(self, b: ir.IRBuilder, lo: ir.Value, hi: ir.Value, step: int, body) -> None:  # noqa: ANN001
+        """for (i = lo; i < hi; i += step) body(i)"""
+        pre = b.block
+        head, loop, done = (b.append_basic_block(x) for x in ("head", "body", "done"))
+        b.branch(head)
+        b.position_at_end(head)
+        i = b.phi(I64)
+        i.add_incoming(lo, pre)
+        b.cbranch(b.icmp_signed("<", i, hi), loop, done)
+        b.position_at_end(loop)
+        body(i)
+        i.add_incoming(b.add(i, ir.Constant(I64, step)), b.block)
+        b.branch(head)
+        b.position_at_end(done)
+
+    def loop(self, b: ir.IRBuilder, em: ExprEmitter, s: Loop, lo: ir.Value | None = None,
+             hi: ir.Value | None = None) -> None:
+        name = s.var.name
+        lo = lo if lo is not None else ir.Constant(I64, 0)
+        hi = hi if hi is not None else em.ev(s.extent)[0]
+        if s.kind == "unroll" and isinstance(s.extent, Const):
+            for it in range(int(s.extent.value)):
+                em.env[name] = ir.Constant(I64, it)
+                self.stmts(b, em, s.body)
+            return
+        if s.kind == "vector" and em.vec is None and s.lanes > 1:
+            n = s.lanes
+            main_end = b.sub(hi, b.srem(b.sub(hi, lo), ir.Constant(I64, n)))
+
+            def vbody(i: ir.Value) -> None:
+                em.vec = VectorCtx(s.var, n, i)
+                self.stmts(b, em, s.body)
+                em.vec = None
+            self.counted(b, lo, main_end, n, vbody)
+            lo = main_end
+
+        def sbody(i: ir.Value) -> None:
+            em.env[name] = i
+            self.stmts(b, em, s.body)
+        self.counted(b, lo, hi, 1, sbody)
+
+    # -- parallel loops ----------------------------------------------------------------------------------------------------
+    def parallel(self, b: ir.IRBuilder, args: list[ir.Value], s: Loop) -> None:
+        """Outline the loop body into a worker; each thread runs a contiguous chunk of iterations."""
+        worker = ir.Function(self.m, ir.FunctionType(ir.VoidType(), [PTR]), f"{self.name}.par{self.n_par}")
+        worker.linkage = "internal"
+        self.n_par += 1
+        wb = ir.IRBuilder(worker.append_basic_block("entry"))
+        ctx = worker.args[0]
+        ptrs = [wb.load(wb.gep(ctx, [ir.Constant(I32, i)], source_etype=PTR), typ=PTR) for i in range(len(args))]
+        em = self.emitter(wb, ptrs)
+        tid = wb.sext(wb.call(self.m.globals["omp_get_thread_num"], []), I64)
+        nt = wb.sext(wb.call(self.m.globals["omp_get_num_threads"], []), I64)
+        total = em.ev(s.extent)[0]
+        chunk = wb.sdiv(wb.add(total, wb.sub(nt, ir.Constant(I64, 1))), nt)
+        lo = wb.mul(tid, chunk)
+        hi = wb.add(lo, chunk)
+        hi = wb.select(wb.icmp_signed("<", hi, total), hi, total)
+        self.loop(wb, em, Loop(s.var, s.extent, s.body, "serial"), lo, hi)
+        wb.ret_void()
+        # caller: pack the buffer pointers, fork
+        arr = self.entry_alloca(b, ir.ArrayType(PTR, len(args)))
+        for i, a in enumerate(args):
+            b.store(a, b.gep(arr, [ir.Constant(I32, 0), ir.Constant(I32, i)], source_etype=arr.allocated_type))
+        nthreads = b.load(self.m.globals[NTHREADS_GLOBAL], typ=I32)
+        b.call(self.m.globals["GOMP_parallel"], [worker, arr, nthreads, ir.Constant(I32, 0)])

@@ -1,0 +1,60 @@
+"""The whole model as ONE LLVM module with one entry point:
+
+    void kiln_main(ptr inputs[], ptr outputs[], ptr arena, ptr weights, i32 nthreads, ptr profile_hook)
+
+It calls the kernels in order with pointers from the static memory plan. Structurally identical kernels
+share one function. A non-null `profile_hook(i32 k)` is called after kernel k (for `--profile`)."""
+from __future__ import annotations
+
+from llvmlite import ir
+
+from kiln.codegen.exprs import I32, I64, PTR
+from kiln.codegen.kernel import NTHREADS_GLOBAL, KernelEmitter, declare_runtime
+from kiln.kernel.build import Program
+from kiln.kernel.ir import Kernel
+from kiln.runtime.memory import MemoryPlan
+from kiln.target import Target
+
+ENTRY = "kiln_main"
+
+
+def kernel_key(k: Kernel) -> str:
+    """Kernels that print the same (up to their name) compute the same: emit them once."""
+    return str(k).replace(k.name, "K", 1)
+
+
+def build_module(prog: Program, plan: MemoryPlan, target: Target) -> tuple[ir.Module, list[str]]:
+    """Returns the module and, per kernel call, the name of the function it calls."""
+    m = ir.Module(name=prog.graph.name)
+    m.triple = target.triple
+    declare_runtime(m)
+    fns: dict[str, ir.Function] = {}
+    called: list[str] = []
+    for k in prog.kernels:
+        key = kernel_key(k)
+        if key not in fns:
+            fns[key] = KernelEmitter(m, k, k.name).emit()
+        called.append(fns[key].name)
+
+    hook_ty = ir.PointerType(ir.FunctionType(ir.VoidType(), [I32]))  # typed, so llvmlite knows the callee type
+    entry = ir.Function(m, ir.FunctionType(ir.VoidType(), [PTR, PTR, PTR, PTR, I32, hook_ty]), ENTRY)
+    ins, outs, arena, weights, nthreads, hook = entry.args
+    b = ir.IRBuilder(entry.append_basic_block("entry"))
+    b.store(nthreads, m.globals[NTHREADS_GLOBAL])
+    has_hook = b.icmp_unsigned("!=", hook, ir.Constant(hook_ty, None))
+    for idx, (k, names) in enumerate(zip(prog.kernels, prog.bindings)):
+        ptrs = []
+        for name in names:
+            p = plan.place(prog, name)
+            if p.kind in ("input", "output"):
+                arr = ins if p.kind == "input" else outs
+                ptrs.append(b.load(b.gep(arr, [ir.Constant(I64, p.index)], source_etype=PTR), typ=PTR))
+            else:
+                base = arena if p.kind == "arena" else weights
+                ptrs.append(b.gep(base, [ir.Constant(I64, p.index)], source_etype=ir.IntType(8)))
+        b.call(m.globals[called[idx]], ptrs)
+        with b.if_then(has_hook, likely=False):
+            b.call(hook, [ir.Constant(I32, idx)])
+    b.ret_void()
+    return m, called
+

@@ -1,0 +1,147 @@
+"""The compiler driver. `lower()` is the whole pipeline in one function, in order (as Halide's
+Lower.cpp): every stage can be printed between any two passes (`kiln explain`)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import onnx
+
+from kiln.graph.ir import Graph
+from kiln.target import Target, resolve
+
+__version__ = "0.1.0"
+
+# every switch the pipeline understands (all on by default); `kiln bench --ablate` turns each off in turn
+PASS_OPTIONS: tuple[str, ...] = ("fold_constants", "fold_batchnorm", "fusion", "fuse_elementwise", "fuse_epilogue",
+                                 "vectorize", "parallel", "memory_reuse")
+
+Trace = Callable[[str, Any], None]
+
+
+@dataclass
+class Compiled:
+    """What `lower` produces: every intermediate stage, kept for `explain` and tests."""
+    graph: Graph
+    program: Any = None
+    plan: Any = None
+    llvm_ir: str = ""
+    obj: bytes = b""
+    kernel_functions: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def default_threads() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def check_options(options: dict[str, Any]) -> dict[str, bool]:
+    unknown = set(options) - set(PASS_OPTIONS)
+    if unknown:
+        raise TypeError(f"unknown compile option(s) {sorted(unknown)}; known: {', '.join(PASS_OPTIONS)}")
+    return {k: bool(v) for k, v in options.items()}
+
+
+def lower(model: onnx.ModelProto | str | bytes, target: Target, num_threads: int, options: dict[str, bool],
+          input_shapes: dict[str, Sequence[int]] | None = None, trace: Trace | None = None,
+          stop_after: str = "object") -> Compiled:
+    from kiln.codegen.jit import emit_object, optimize
+    from kiln.codegen.module import build_module
+    from kiln.frontend.onnx import import_onnx
+    from kiln.graph.passes import run_graph_passes
+    from kiln.kernel.build import build_program
+    from kiln.runtime.memory import plan_memory
+    from kiln.schedule.default import schedule_kernel
+
+    t = time.perf_counter()
+    times: dict[str, float] = {}
+
+    def lap(stage: str) -> None:
+        nonlocal t
+        now = time.perf_counter()
+        times[stage] = now - t
+        t = now
+
+    tr = trace or (lambda stage, obj: None)
+    graph = import_onnx(model, input_shapes)                                 # 1. ONNX → graph IR
+    tr("import", graph)
+    graph = run_graph_passes(graph, options, trace=lambda name, g: tr(f"graph:{name}", g))  # 2. graph passes
+    lap("graph")
+    out = Compiled(graph, timings=times)
+    prog = build_program(graph, options)                                     # 3. lower + fuse → kernels
+    for k in prog.kernels:                                                   # 4. schedule each kernel
+        schedule_kernel(k, target, num_threads, options)
+    tr("kernels", prog)
+    plan = plan_memory(prog, reuse=options.get("memory_reuse", True))       # 5. static memory plan
+    out.program, out.plan = prog, plan
+    lap("lower")
+    if stop_after == "kernels":
+        return out
+    module, called = build_module(prog, plan, target)                        # 6. one LLVM module
+    out.llvm_ir, out.kernel_functions = str(module), called
+    tr("llvm", out.llvm_ir)
+    lap("codegen")
+    if stop_after == "llvm":
+        return out
+    mod = optimize(out.llvm_ir, target)                                      # 7. LLVM -O3
+    tr("llvm-opt", str(mod))
+    out.obj = emit_object(mod, target)                                       # 8. machine code
+    lap("llvm")
+    return out
+
+
+def cache_dir() -> str:
+    d = os.environ.get("KILN_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "kiln")
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+def _cache_key(model_bytes: bytes, target: Target, num_threads: int, options: dict[str, bool],
+               input_shapes: dict | None) -> str:
+    h = hashlib.sha256(model_bytes)
+    h.update(json.dumps([__version__, target.key, num_threads, sorted(options.items()),
+                         sorted((k, list(v)) for k, v in (input_shapes or {}).items())]).encode())
+    return h.hexdigest()[:32]
+
+
+def compile(model: onnx.ModelProto | str | bytes | os.PathLike, target: str | Target = "host",
+            num_threads: int | None = None, input_shapes: dict[str, Sequence[int]] | None = None,
+            cache: bool = True, **options: bool):
+    """Compile an ONNX model (proto, path or bytes) into an Executable for `target`."""
+    from kiln.frontend.onnx import load_model
+    from kiln.runtime.executable import Executable
+
+    opts = check_options(options)
+    tgt = resolve(target)
+    threads = int(num_threads) if num_threads else default_threads()
+    if threads < 1:
+        raise ValueError(f"num_threads must be ≥ 1, got {num_threads}")
+    proto = load_model(model)
+    path = None
+    if cache:
+        key = _cache_key(proto.SerializeToString(deterministic=True), tgt, threads, opts, input_shapes)
+        path = os.path.join(cache_dir(), key + ".kiln")
+        if os.path.exists(path):
+            try:
+                return Executable.load(path, num_threads=threads)
+            except ValueError:
+                pass  # stale or foreign cache entry: recompile and overwrite
+    c = lower(proto, tgt, threads, opts, input_shapes)
+    g = c.graph
+    meta = {
+        "inputs": [{"name": v.name, "dtype": v.dtype, "shape": list(v.shape)} for v in g.inputs],
+        "outputs": [{"name": n, "dtype": v.dtype, "shape": list(v.shape)} for n, v in zip(g.output_names, g.outputs)],
+        "arena_bytes": c.plan.arena_bytes, "num_threads": threads, "kernels": [k.name for k in c.program.kernels],
+        "flops": [k.flops for k in c.program.kernels], "compile_s": c.timings,
+    }
+    exe = Executable(c.obj, c.plan.weights, meta, tgt)
+    if path:
+        tmp = f"{path}.{os.getpid()}.tmp"
+        exe.save(tmp)
+        os.replace(tmp, path)
+    return exe

@@ -1,0 +1,265 @@
+"""Kiln's core op set: for each op, its type rule and a NumPy evaluation (used by constant folding).
+
+Attributes are normalized by the frontend (explicit axes, pads, shapes), so every rule here is one line
+or a short function and no rule knows about ONNX opsets."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kiln.errors import ModelError
+from kiln.graph.ir import TensorType
+
+Infer = Callable[[list[TensorType], dict[str, Any]], list[TensorType]]
+Eval = Callable[[list[np.ndarray], dict[str, Any]], list[np.ndarray]]
+
+
+@dataclass(frozen=True)
+class OpDef:
+    infer: Infer
+    eval: Eval | None
+    kind: str  # "unary" | "binary" | "reduce" | "anchor" | "data" | "norm"
+
+
+OPS: dict[str, OpDef] = {}
+
+
+def broadcast(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    try:
+        return tuple(np.broadcast_shapes(*shapes))
+    except ValueError as e:
+        raise ModelError(f"shapes {list(shapes)} do not broadcast: {e}") from None
+
+
+def _same(ts: list[TensorType], a: dict) -> list[TensorType]:
+    return [ts[0]]
+
+
+def _bcast(dtype: str | None = None) -> Infer:
+    return lambda ts, a: [TensorType(dtype or ts[-1 if len(ts) == 3 else 0].dtype,
+                                     broadcast(*(t.shape for t in ts)))]
+
+
+def _unary(name: str, fn: Callable[..., np.ndarray]) -> None:
+    OPS[name] = OpDef(_same, lambda xs, a: [np.asarray(fn(xs[0], a)).astype(xs[0].dtype)], "unary")
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    import math
+    return np.vectorize(math.erf, otypes=[np.float64])(x)
+
+
+for _n, _f in {
+    "Relu": lambda x, a: np.maximum(x, 0), "Sigmoid": lambda x, a: 1 / (1 + np.exp(-x)),
+    "Tanh": lambda x, a: np.tanh(x), "Exp": lambda x, a: np.exp(x), "Log": lambda x, a: np.log(x),
+    "Sqrt": lambda x, a: np.sqrt(x), "Neg": lambda x, a: -x, "Abs": lambda x, a: np.abs(x),
+    "Erf": lambda x, a: _erf(x), "Reciprocal": lambda x, a: 1 / x, "Floor": lambda x, a: np.floor(x),
+    "Ceil": lambda x, a: np.ceil(x), "Round": lambda x, a: np.round(x), "Sin": lambda x, a: np.sin(x),
+    "Cos": lambda x, a: np.cos(x), "Softplus": lambda x, a: np.log1p(np.exp(x)), "Sign": lambda x, a: np.sign(x),
+    "Identity": lambda x, a: x, "Not": lambda x, a: ~x,
+    "Clip": lambda x, a: np.clip(x, a["min"], a["max"]),
+    "LeakyRelu": lambda x, a: np.where(x >= 0, x, a["alpha"] * x),
+    "Elu": lambda x, a: np.where(x >= 0, x, a["alpha"] * (np.exp(x) - 1)),
+    "HardSigmoid": lambda x, a: np.clip(a["alpha"] * x + a["beta"], 0, 1),
+    "HardSwish": lambda x, a: x * np.clip(x / 6 + 0.5, 0, 1),
+    "Mish": lambda x, a: x * np.tanh(np.log1p(np.exp(x))),
+    "Selu": lambda x, a: a["gamma"] * np.where(x > 0, x, a["alpha"] * (np.exp(x) - 1)),
+    "Gelu": lambda x, a: 0.5 * x * (1 + (_erf(x / np.sqrt(2)) if a["approximate"] == "none"
+                                         else np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))),
+}.items():
+    _unary(_n, _f)
+
+OPS["Cast"] = OpDef(lambda ts, a: [TensorType(a["to"], ts[0].shape)],
+                    lambda xs, a: [xs[0].astype(a["to"])], "unary")
+
+_BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Pow": np.power, "Max": np.maximum,
+    "Min": np.minimum, "PRelu": lambda x, s: np.where(x >= 0, x, x * s),
+    "Div": lambda a, b: (np.trunc(a / b).astype(a.dtype) if a.dtype.kind in "iu" else a / b),
+    "Mod": np.fmod,
+}
+_COMPARE: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "Equal": np.equal, "Less": np.less, "Greater": np.greater, "LessOrEqual": np.less_equal,
+    "GreaterOrEqual": np.greater_equal, "And": np.logical_and, "Or": np.logical_or, "Xor": np.logical_xor,
+}
+for _n, _g in _BINARY.items():
+    OPS[_n] = OpDef(_bcast(), (lambda g: lambda xs, a: [np.asarray(g(xs[0], xs[1])).astype(xs[0].dtype)])(_g),
+                    "binary")
+for _n, _g in _COMPARE.items():
+    OPS[_n] = OpDef(_bcast("bool"), (lambda g: lambda xs, a: [np.asarray(g(xs[0], xs[1]))])(_g), "binary")
+OPS["Where"] = OpDef(_bcast(), lambda xs, a: [np.where(xs[0], xs[1], xs[2])], "binary")
+
+
+# -- reductions ------------------------------------------------------------------------------------------
+def _reduce_shape(ts: list[TensorType], a: dict) -> list[TensorType]:
+    shape = ts[0].shape
+    out = tuple(1 if i in a["axes"] else d for i, d in enumerate(shape) if a["keepdims"] or i not in a["axes"])
+    return [TensorType(ts[0].dtype, out)]
+
+
+_REDUCE_NP: dict[str, Callable[..., np.ndarray]] = {
+    "sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min, "prod": np.prod,
+    "l1": lambda x, axis, keepdims: np.sum(np.abs(x), axis=axis, keepdims=keepdims),
+    "l2": lambda x, axis, keepdims: np.sqrt(np.sum(x * x, axis=axis, keepdims=keepdims)),
+    "sumsquare": lambda x, axis, keepdims: np.sum(x * x, axis=axis, keepdims=keepdims),
+    "logsumexp": lambda x, axis, keepdims: np.log(np.sum(np.exp(x), axis=axis, keepdims=keepdims)),
+}
+OPS["Reduce"] = OpDef(_reduce_shape, lambda xs, a: [np.asarray(_REDUCE_NP[a["kind"]](
+    xs[0], axis=tuple(a["axes"]), keepdims=a["keepdims"])).astype(xs[0].dtype)], "reduce")
+
+
+def _argreduce_shape(ts: list[TensorType], a: dict) -> list[TensorType]:
+    return [TensorType("int64", _reduce_shape(ts, {"axes": (a["axis"],), "keepdims": a["keepdims"]})[0].shape)]
+
+
+OPS["ArgReduce"] = OpDef(_argreduce_shape, lambda xs, a: [np.asarray(
+    (np.argmax if a["kind"] == "max" else np.argmin)(xs[0], axis=a["axis"], keepdims=a["keepdims"])
+).astype(np.int64)], "reduce")
+
+
+# -- anchors ---------------------------------------------------------------------------------------------
+def _matmul_shape(ts: list[TensorType], a: dict) -> list[TensorType]:
+    x, y = ts[0].shape, ts[1].shape
+    if len(x) < 2 or len(y) < 2:
+        raise ModelError(f"MatMul wants rank ≥ 2 after import, got {x} @ {y}")
+    if x[-1] != y[-2]:
+        raise ModelError(f"MatMul inner dimensions differ: {x} @ {y}")
+    return [TensorType(ts[0].dtype, broadcast(x[:-2], y[:-2]) + (x[-2], y[-1]))]
+
+
+OPS["MatMul"] = OpDef(_matmul_shape, lambda xs, a: [np.matmul(xs[0], xs[1])], "anchor")
+
+
+def conv_out(size: int, k: int, stride: int, pad_lo: int, pad_hi: int, dil: int) -> int:
+    return (size + pad_lo + pad_hi - dil * (k - 1) - 1) // stride + 1
+
+
+def _spatial_out(shape: tuple[int, ...], kernel: tuple[int, ...], a: dict) -> tuple[int, ...]:
+    nd = len(kernel)
+    out = tuple(conv_out(shape[2 + i], kernel[i], a["strides"][i], a["pads"][i], a["pads"][i + nd],
+                         a["dilations"][i]) for i in range(nd))
+    if min(out) < 1:
+        raise ModelError(f"window {kernel} with pads {a['pads']} does not fit input {shape}")
+    return out
+
+
+def _conv_shape(ts: list[TensorType], a: dict) -> list[TensorType]:
+    x, w = ts[0].shape, ts[1].shape
+    if x[1] != w[1] * a["group"]:
+        raise ModelError(f"Conv input has {x[1]} channels, weight {w} with group {a['group']} wants {w[1] * a['group']}")
+    return [TensorType(ts[0].dtype, (x[0], w[0]) + _spatial_out(x, w[2:], a))]
+
+
+OPS["Conv"] = OpDef(_conv_shape, None, "anchor")
+OPS["Pool"] = OpDef(lambda ts, a: [TensorType(ts[0].dtype, ts[0].shape[:2] + _spatial_out(ts[0].shape, a["kernel"], a))],
+                    None, "anchor")
+
+
+def _conv_transpose_shape(ts: list[TensorType], a: dict) -> list[TensorType]:
+    x, w = ts[0].shape, ts[1].shape
+    nd = len(w) - 2
+    sp = tuple(a["strides"][i] * (x[2 + i] - 1) + a["output_padding"][i] + (w[2 + i] - 1) * a["dilations"][i] + 1
+               - a["pads"][i] - a["pads"][i + nd] for i in range(nd))
+    return [TensorType(ts[0].dtype, (x[0], w[1] * a["group"]) + sp)]
+
+
+OPS["ConvTranspose"] = OpDef(_conv_transpose_shape, None, "anchor")
+
+# -- normalizations ----------------------------------------------------------------------------------------
+OPS["BatchNormalization"] = OpDef(_same, None, "norm")
+OPS["LayerNormalization"] = OpDef(_same, None, "norm")
+OPS["Softmax"] = OpDef(_same, None, "norm")
+OPS["LogSoftmax"] = OpDef(_same, None, "norm")
+OPS["LRN"] = OpDef(_same, None, "norm")
+OPS["InstanceNormalization"] = OpDef(_same, None, "norm")
+
+
+# -- data movement --------------------------------------------------------------------------------------------
+def _reshape(ts: list[TensorType], a: dict) -> list[TensorType]:
+    shape = tuple(a["shape"])
+    if int(np.prod(shape)) != ts[0].size:
+        raise ModelError(f"cannot reshape {ts[0].shape} to {shape}")
+    return [TensorType(ts[0].dtype, shape)]
+
+
+def _concat(ts: list[TensorType], a: dict) -> list[TensorType]:
+    ax, base = a["axis"], ts[0].shape
+    for t in ts[1:]:
+        if len(t.shape) != len(base) or any(d != e for i, (d, e) in enumerate(zip(t.shape, base)) if i != ax):
+            raise ModelError(f"Concat on axis {ax}: shapes {[t.shape for t in ts]} disagree off that axis")
+    return [TensorType(ts[0].dtype, base[:ax] + (sum(t.shape[ax] for t in ts),) + base[ax + 1:])]
+
+
+def slice_len(start: int, end: int, step: int) -> int:
+    return max(0, (end - start + (step - (1 if step > 0 else -1))) // step)
+
+
+def _slice(ts: list[TensorType], a: dict) -> list[TensorType]:
+    return [TensorType(ts[0].dtype, tuple(slice_len(s, e, st) for s, e, st in zip(a["starts"], a["ends"], a["steps"])))]
+
+
+def _np_slice(x: np.ndarray, a: dict) -> np.ndarray:
+    idx = tuple(slice(s, (None if e < 0 and st < 0 else e), st) for s, e, st in zip(a["starts"], a["ends"], a["steps"]))
+    return x[idx]
+
+
+def _gather(ts: list[TensorType], a: dict) -> list[TensorType]:
+    ax, d = a["axis"], ts[0].shape
+    return [TensorType(ts[0].dtype, d[:ax] + ts[1].shape + d[ax + 1:])]
+
+
+def _np_gather(xs: list[np.ndarray], a: dict) -> np.ndarray:
+    idx = np.where(xs[1] < 0, xs[1] + xs[0].shape[a["axis"]], xs[1])
+    return np.take(xs[0], idx, axis=a["axis"])
+
+
+def _pad(ts: list[TensorType], a: dict) -> list[TensorType]:
+    n = len(ts[0].shape)
+    return [TensorType(ts[0].dtype, tuple(d + a["pads"][i] + a["pads"][i + n] for i, d in enumerate(ts[0].shape)))]
+
+
+def _np_pad(x: np.ndarray, a: dict) -> np.ndarray:
+    n = x.ndim
+    lo, hi = a["pads"][:n], a["pads"][n:]
+    crop = tuple(slice(max(0, -l), x.shape[i] - max(0, -h)) for i, (l, h) in enumerate(zip(lo, hi)))
+    x = x[crop]
+    width = [(max(0, l), max(0, h)) for l, h in zip(lo, hi)]
+    if a["mode"] == "constant":
+        return np.pad(x, width, mode="constant", constant_values=a["value"])
+    return np.pad(x, width, mode={"reflect": "reflect", "edge": "edge", "wrap": "wrap"}[a["mode"]])
+
+
+OPS["Reshape"] = OpDef(_reshape, lambda xs, a: [xs[0].reshape(a["shape"])], "data")
+OPS["Transpose"] = OpDef(lambda ts, a: [TensorType(ts[0].dtype, tuple(ts[0].shape[p] for p in a["perm"]))],
+                         lambda xs, a: [np.ascontiguousarray(np.transpose(xs[0], a["perm"]))], "data")
+OPS["Concat"] = OpDef(_concat, lambda xs, a: [np.concatenate(xs, axis=a["axis"])], "data")
+OPS["Slice"] = OpDef(_slice, lambda xs, a: [np.ascontiguousarray(_np_slice(xs[0], a))], "data")
+OPS["Gather"] = OpDef(_gather, lambda xs, a: [_np_gather(xs, a)], "data")
+OPS["Pad"] = OpDef(_pad, lambda xs, a: [_np_pad(xs[0], a)], "data")
+OPS["Expand"] = OpDef(lambda ts, a: [TensorType(ts[0].dtype, tuple(a["shape"]))],
+                      lambda xs, a: [np.broadcast_to(xs[0], a["shape"]).copy()], "data")
+OPS["Tile"] = OpDef(lambda ts, a: [TensorType(ts[0].dtype, tuple(d * r for d, r in zip(ts[0].shape, a["repeats"])))],
+                    lambda xs, a: [np.tile(xs[0], a["repeats"])], "data")
+OPS["Resize"] = OpDef(lambda ts, a: [TensorType(ts[0].dtype, tuple(a["sizes"]))], None, "data")
+
+
+def infer(op: str, types: list[TensorType], attrs: dict[str, Any], node_name: str = "") -> list[TensorType]:
+    if op not in OPS:
+        raise ModelError(f"node '{node_name}': '{op}' is not a Kiln core op")
+    try:
+        return OPS[op].infer(types, attrs)
+    except (IndexError, KeyError, TypeError) as e:
+        raise ModelError(f"node '{node_name}' ({op}): cannot infer output type from inputs "
+                         f"{[str(t) for t in types]} and attributes {attrs}: {e}") from None
+
+
+def evaluate(op: str, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray] | None:
+    """NumPy value of a node with constant inputs, or None where the op has no evaluator."""
+    fn = OPS[op].eval
+    if fn is None:
+        return None
+    with np.errstate(all="ignore"):
+        return fn(arrays, attrs)

@@ -1,0 +1,35 @@
+"""The graph pass pipeline: each pass a function Graph → Graph in its own file, listed once here
+with the option that switches it (`kiln.compile(..., fold_batchnorm=False)`, `kiln bench --ablate`)."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from kiln.graph.ir import Graph
+from kiln.graph.passes.eliminate_dead_code import eliminate_dead_code
+from kiln.graph.passes.fold_batchnorm import fold_batchnorm
+from kiln.graph.passes.fold_constants import fold_constants
+from kiln.graph.passes.materialize_outputs import materialize_outputs
+
+Pass = Callable[[Graph], Graph]
+
+# (option name, pass); options that are off skip their pass. materialize_outputs is required.
+GRAPH_PASSES: list[tuple[str, Pass]] = [
+    ("fold_constants", fold_constants),
+    ("eliminate_dead_code", eliminate_dead_code),
+    ("fold_batchnorm", fold_batchnorm),
+    ("eliminate_dead_code", eliminate_dead_code),
+    ("", materialize_outputs),
+]
+
+
+def run_graph_passes(g: Graph, options: dict[str, bool], trace: Callable[[str, Graph], None] | None = None,
+                     verify: bool = True) -> Graph:
+    for opt, p in GRAPH_PASSES:
+        if opt and not options.get(opt, True):
+            continue
+        g = p(g)
+        if verify:
+            g.verify()
+        if trace:
+            trace(p.__name__, g)
+    return g

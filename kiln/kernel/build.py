@@ -1,0 +1,191 @@
+"""Graph → kernels: lower every node to compute definitions, fuse them into kernels, bind buffers.
+
+Fusion here is *inlining*: a producer's expression is substituted into its consumer's loads when
+  * the producer has one consumer, is not a graph output, and writes its whole output in one compute;
+  * and either it is cheap elementwise/data movement (no reduction) and the consumer is not an anchor
+    (MatMul/Conv/Pool keep plain loads), or the consumer reads it exactly once at the same index
+    (an epilogue: bias, BatchNorm, activation, residual add applied on the anchor's accumulator).
+Reshape-like ops are views: no kernel, the consumer reads the same storage with its own shape."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kiln.graph.ir import Graph, Node, Value
+from kiln.graph.ops import OPS
+from kiln.kernel.ir import Buffer, Compute, Expr, Kernel, Load, Reduce, children, rebuild, substitute, walk
+from kiln.kernel.lower import Lowered, axes_for, lower_node
+
+VIEW_OPS = {"Reshape"}
+
+
+@dataclass
+class Group:
+    computes: list[Compute]
+    temps: list[Buffer]
+    nodes: list[Node]
+    output: Value          # the value this group materializes
+
+    @property
+    def anchor(self) -> Node:
+        kinds = [n for n in self.nodes if OPS[n.op].kind in ("anchor", "norm", "reduce")]
+        return kinds[0] if kinds else self.nodes[-1]
+
+
+@dataclass
+class Program:
+    """Kernels in execution order, each with the graph buffers bound to its arguments."""
+    graph: Graph
+    kernels: list[Kernel] = field(default_factory=list)
+    bindings: list[list[str]] = field(default_factory=list)   # per kernel: buffer names (values or temps)
+    buffers: dict[str, Buffer] = field(default_factory=dict)    # every bound buffer by name
+    view_of: dict[str, str] = field(default_factory=dict)       # view value → the value that owns storage
+    consts: dict[str, object] = field(default_factory=dict)     # constant value name → numpy array
+    groups: list[Group] = field(default_factory=list)
+
+
+def root(view_of: dict[str, str], name: str) -> str:
+    while name in view_of:
+        name = view_of[name]
+    return name
+
+
+def _replace_loads(e: Expr, buf: str, fn) -> Expr:  # noqa: ANN001
+    """Rebuild `e` with every Load of `buf` replaced by fn(load)."""
+    memo: dict[Expr, Expr] = {}
+
+    def go(x: Expr) -> Expr:
+        if x in memo:
+            return memo[x]
+        if isinstance(x, Load) and x.buf == buf:
+            out = fn(Load(x.buf, tuple(go(i) for i in x.index), x.dtype))
+        else:
+            kids = children(x)
+            out = rebuild(x, [go(k) for k in kids]) if kids else x
+        memo[x] = out
+        return out
+    return go(e)
+
+
+def _rename_loads(e: Expr, canon: dict[str, str]) -> Expr:
+    memo: dict[Expr, Expr] = {}
+
+    def go(x: Expr) -> Expr:
+        if x not in memo:
+            kids = children(x)
+            y = rebuild(x, [go(k) for k in kids]) if kids else x
+            memo[x] = Load(canon[y.buf], y.index, y.dtype) if isinstance(y, Load) else y
+        return memo[x]
+    return go(e)
+
+
+def _loads_of(e: Expr, buf: str) -> list[Load]:
+    return [x for x in walk(e) if isinstance(x, Load) and x.buf == buf]
+
+
+def _count_loads(e: Expr, buf: str) -> int:
+    """Loads of buf counted with multiplicity (walk() deduplicates identical sub-expressions)."""
+    if isinstance(e, Load) and e.buf == buf:
+        return 1 + sum(_count_loads(i, buf) for i in e.index)
+    return sum(_count_loads(k, buf) for k in children(e))
+
+
+def can_inline(prod: Group, cons: Group, consumer: Node, options: dict[str, bool]) -> bool:
+    if not options.get("fusion", True):
+        return False
+    last = prod.computes[-1]
+    if last.store is not None or any(c.out == last.out for c in prod.computes[:-1]):
+        return False
+    cons_last = cons.computes[-1]
+    if any(_loads_of(c.body, last.out) for c in cons.computes[:-1]):
+        return False
+    has_reduce = any(isinstance(x, Reduce) for x in walk(last.body))
+    if not has_reduce:
+        return OPS[consumer.op].kind not in ("anchor",) and options.get("fuse_elementwise", True)
+    # epilogue: the consumer reads the anchor once, at its own output index, over the same domain
+    loads = _loads_of(cons_last.body, last.out)
+    return (options.get("fuse_epilogue", True) and OPS[consumer.op].kind in ("unary", "binary")
+            and cons_last.store is None and cons_last.extents == last.extents
+            and len(loads) == 1 and loads[0].index == cons_last.axes and _count_loads(cons_last.body, last.out) == 1
+            and not any(isinstance(x, Reduce) for x in walk(cons_last.body)))
+
+
+def inline(prod: Group, cons: Group) -> Group:
+    last = prod.computes[-1]
+
+    def at(load: Load) -> Expr:
+        return substitute(last.body, dict(zip(last.axes, load.index)))
+    cons_last = cons.computes[-1]
+    body = _replace_loads(cons_last.body, last.out, at)
+    merged = prod.computes[:-1] + cons.computes[:-1] + [Compute(cons_last.out, cons_last.axes, cons_last.extents,
+                                                                 body, cons_last.store)]
+    return Group(merged, prod.temps + cons.temps, prod.nodes + cons.nodes, cons.output)
+
+
+def build_program(graph: Graph, options: dict[str, bool]) -> Program:
+    prog = Program(graph)
+    users = graph.consumers()
+    outputs = {id(v) for v in graph.outputs}
+    group_of: dict[int, Group] = {}   # id(value) → group producing it (not yet emitted as a kernel)
+    order: list[Group] = []
+    for n in graph.nodes:
+        if n.op in VIEW_OPS:
+            prog.view_of[n.outputs[0].name] = n.inputs[0].name
+            continue
+        low: Lowered = lower_node(n)
+        g = Group(low.computes, low.temps, [n], n.outputs[0])
+        for v in n.inputs:
+            p = group_of.get(id(v))
+            if (p is not None and p in order and len(users.get(id(v), [])) == 1 and id(v) not in outputs
+                    and n.inputs.count(v) == 1 and can_inline(p, g, n, options)):
+                g = inline(p, g)
+                order.remove(p)
+        group_of[id(n.outputs[0])] = g
+        order.append(g)
+    prog.groups = order
+    for v in graph.values():
+        prog.buffers.setdefault(v.name, Buffer(v.name, v.dtype, v.shape))
+        if v.const is not None:
+            prog.consts[v.name] = v.const
+    for i, g in enumerate(order):
+        for t in g.temps:
+            prog.buffers[t.name] = t
+        prog.kernels.append(make_kernel(g, prog, f"k{i}_{g.anchor.op.lower()}"))
+    return prog
+
+
+def make_kernel(g: Group, prog: Program, name: str) -> Kernel:
+    """Name the kernel's buffers b0..bn (so identical kernels print identically and share code)."""
+    used: list[str] = []
+    for c in g.computes:
+        for x in [c.out] + [e.buf for e in walk(c.body) if isinstance(e, Load)] + \
+                [e.buf for s in (c.store or ()) for e in walk(s) if isinstance(e, Load)]:
+            if x not in used:
+                used.append(x)
+    temps = {t.name for t in g.temps}
+    args = [x for x in used if x not in temps]
+    scratch = [x for x in used if x in temps]
+    canon = {x: f"b{i}" for i, x in enumerate(args + scratch)}
+    comps = [Compute(canon[c.out], c.axes, c.extents, _rename_loads(c.body, canon), c.store) for c in g.computes]
+    k = Kernel(name, [Buffer(canon[x], prog.buffers[x].dtype, prog.buffers[x].shape) for x in args],
+               [Buffer(canon[x], prog.buffers[x].dtype, prog.buffers[x].shape) for x in scratch], comps)
+    k.flops = _flops(g)
+    prog.bindings.append(args + scratch)
+    return k
+
+
+def _flops(g: Group) -> float:
+    """Multiply-add FLOPs of the group's anchors (what GFLOP/s figures count)."""
+    total = 0.0
+    for n in g.nodes:
+        if n.op == "MatMul":
+            total += 2.0 * n.outputs[0].type.size * n.inputs[0].shape[-1]
+        elif n.op == "Conv":
+            total += 2.0 * n.outputs[0].type.size * n.inputs[1].type.size / n.inputs[1].shape[0]
+        elif n.op == "ConvTranspose":
+            total += 2.0 * n.inputs[0].type.size * n.inputs[1].type.size / n.inputs[1].shape[0]
+    return total
+
+
+def copy_compute(src: Value, dst: str) -> Compute:
+    ax = axes_for(src.shape)
+    return Compute(dst, ax, src.shape, Load(src.name, ax, src.dtype))

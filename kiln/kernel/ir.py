@@ -1,0 +1,369 @@
+"""Kernel (loop) IR: buffers, index and value expressions, and loop nests.
+
+Two layers, as in Halide/TVM:
+  * a *compute definition* — `Compute(out, axes, body)` where `body` is an expression over the output
+    indices that may contain one `Reduce` (a reduction over extra axes);
+  * a *loop nest* — `Loop`/`Store`/`Local`/`Assign` statements that a schedule rewrites and codegen emits.
+Expressions are frozen dataclasses: hashable, comparable, printable, and substitutable."""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Union
+
+import numpy as np
+
+_FLOATS = ("float32", "float64")
+
+
+class Expr:
+    """Base of every expression; arithmetic operators build `Bin` nodes (tinygrad-style density)."""
+    dtype: str
+
+    def _bin(self, op: str, other: Any, rev: bool = False) -> Bin:
+        o = other if isinstance(other, Expr) else Const(other, self.dtype)
+        return Bin(op, o, self) if rev else Bin(op, self, o)
+
+    def __add__(self, o: Any) -> Expr:
+        return self._bin("+", o)
+
+    def __radd__(self, o: Any) -> Expr:
+        return self._bin("+", o, True)
+
+    def __sub__(self, o: Any) -> Expr:
+        return self._bin("-", o)
+
+    def __rsub__(self, o: Any) -> Expr:
+        return self._bin("-", o, True)
+
+    def __mul__(self, o: Any) -> Expr:
+        return self._bin("*", o)
+
+    def __rmul__(self, o: Any) -> Expr:
+        return self._bin("*", o, True)
+
+    def __truediv__(self, o: Any) -> Expr:
+        return self._bin("/", o)
+
+    def __rtruediv__(self, o: Any) -> Expr:
+        return self._bin("/", o, True)
+
+    def __floordiv__(self, o: Any) -> Expr:
+        return self._bin("//", o)
+
+    def __mod__(self, o: Any) -> Expr:
+        return self._bin("%", o)
+
+    def __neg__(self) -> Expr:
+        return Un("neg", self)
+
+
+@dataclass(frozen=True, repr=False)
+class Const(Expr):
+    value: float | int | bool
+    dtype: str = "float32"
+
+    def __repr__(self) -> str:
+        return repr(self.value) if self.dtype in ("float32", "int64") else f"{self.value}:{self.dtype}"
+
+
+@dataclass(frozen=True, repr=False)
+class Var(Expr):
+    """A loop index (always int64)."""
+    name: str
+    dtype: str = "int64"
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True, repr=False)
+class Load(Expr):
+    buf: str
+    index: tuple[Expr, ...]
+    dtype: str = "float32"
+
+    def __repr__(self) -> str:
+        return f"{self.buf}[{', '.join(map(repr, self.index))}]"
+
+
+_CMP = ("<", "<=", "==", "!=", ">", ">=")
+_LOGIC = ("and", "or", "xor")
+
+
+@dataclass(frozen=True, repr=False)
+class Bin(Expr):
+    """+ - * / // % max min pow, comparisons (→ bool), and/or/xor."""
+    op: str
+    a: Expr
+    b: Expr
+    dtype: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", "bool" if self.op in _CMP else self.a.dtype)
+
+    def __repr__(self) -> str:
+        if self.op in ("max", "min", "pow"):
+            return f"{self.op}({self.a!r}, {self.b!r})"
+        return f"({self.a!r} {self.op} {self.b!r})"
+
+
+@dataclass(frozen=True, repr=False)
+class Un(Expr):
+    """neg exp log sqrt tanh erf abs floor ceil round sin cos sigmoid not sign."""
+    op: str
+    a: Expr
+    dtype: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", self.a.dtype)
+
+    def __repr__(self) -> str:
+        return f"{self.op}({self.a!r})"
+
+
+@dataclass(frozen=True, repr=False)
+class Select(Expr):
+    cond: Expr
+    a: Expr
+    b: Expr
+    dtype: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", self.a.dtype)
+
+    def __repr__(self) -> str:
+        return f"select({self.cond!r}, {self.a!r}, {self.b!r})"
+
+
+@dataclass(frozen=True, repr=False)
+class Cast(Expr):
+    dtype: str
+    a: Expr
+
+    def __repr__(self) -> str:
+        return f"{self.dtype}({self.a!r})"
+
+
+@dataclass(frozen=True, repr=False)
+class LocalRef(Expr):
+    """Reads a mutable local (an accumulator) declared by `Local`."""
+    name: str
+    dtype: str = "float32"
+
+    def __repr__(self) -> str:
+        return f"${self.name}"
+
+
+@dataclass(frozen=True, repr=False)
+class Reduce(Expr):
+    """op over `axes` (Var, extent) of `body`; only inside a Compute body, hoisted by lowering."""
+    op: str  # sum | max | min | prod
+    axes: tuple[tuple[Var, int], ...]
+    body: Expr
+    dtype: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", self.body.dtype)
+
+    def __repr__(self) -> str:
+        ax = ", ".join(f"{v.name}<{n}" for v, n in self.axes)
+        return f"{self.op}[{ax}]({self.body!r})"
+
+
+def fn(op: str, a: Expr) -> Expr:
+    return Un(op, a)
+
+
+def maximum(a: Expr, b: Any) -> Expr:
+    return a._bin("max", b)
+
+
+def minimum(a: Expr, b: Any) -> Expr:
+    return a._bin("min", b)
+
+
+def cmp(op: str, a: Expr, b: Any) -> Expr:
+    return a._bin(op, b)
+
+
+def const_like(value: float | int, e: Expr) -> Const:
+    return Const(int(value) if e.dtype.startswith(("int", "uint")) else (bool(value) if e.dtype == "bool" else float(value)),
+                 e.dtype)
+
+
+def init_value(op: str, dtype: str) -> Const:
+    if dtype in _FLOATS:
+        v: float | int = {"sum": 0.0, "prod": 1.0, "max": -np.inf, "min": np.inf}[op]
+    else:
+        info = np.iinfo(dtype) if dtype != "bool" else None
+        v = {"sum": 0, "prod": 1, "max": info.min if info else 0, "min": info.max if info else 1}[op]
+    return Const(v, dtype)
+
+
+# -- generic traversal ---------------------------------------------------------------------------------------------
+def children(e: Expr) -> list[Expr]:
+    if isinstance(e, Load):
+        return list(e.index)
+    if isinstance(e, Reduce):
+        return [e.body]
+    return [getattr(e, f.name) for f in fields(e) if isinstance(getattr(e, f.name), Expr)]
+
+
+def rebuild(e: Expr, kids: list[Expr]) -> Expr:
+    if isinstance(e, Load):
+        return replace(e, index=tuple(kids))
+    if isinstance(e, Reduce):
+        return Reduce(e.op, e.axes, kids[0])
+    names = [f.name for f in fields(e) if isinstance(getattr(e, f.name), Expr)]
+    if isinstance(e, Bin):
+        return Bin(e.op, *kids)
+    if isinstance(e, Un):
+        return Un(e.op, kids[0])
+    if isinstance(e, Select):
+        return Select(*kids)
+    return replace(e, **dict(zip(names, kids)))
+
+
+def substitute(e: Expr, mapping: dict[Expr, Expr]) -> Expr:
+    """Replace sub-expressions (typically Vars) structurally, bottom-up, memoized."""
+    memo: dict[Expr, Expr] = {}
+
+    def go(x: Expr) -> Expr:
+        if x in mapping:
+            return mapping[x]
+        if x in memo:
+            return memo[x]
+        kids = children(x)
+        out = rebuild(x, [go(k) for k in kids]) if kids else x
+        memo[x] = out
+        return out
+    return go(e)
+
+
+def walk(e: Expr) -> list[Expr]:
+    out, stack, seen = [], [e], set()
+    while stack:
+        x = stack.pop()
+        if x in seen:
+            continue
+        seen.add(x)
+        out.append(x)
+        stack.extend(children(x))
+    return out
+
+
+def uses_var(e: Expr, v: Var) -> bool:
+    return any(x == v for x in walk(e))
+
+
+# -- compute definitions and loop nests ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Buffer:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+@dataclass
+class Compute:
+    """for axes in extents: out[store or axes] = body  (body may contain one Reduce over extra axes).
+
+    `store` (default: the axes themselves) lets a compute write a region of its output, as Concat does."""
+    out: str
+    axes: tuple[Var, ...]
+    extents: tuple[int, ...]
+    body: Expr
+    store: tuple[Expr, ...] | None = None
+
+    @property
+    def store_index(self) -> tuple[Expr, ...]:
+        return self.store if self.store is not None else self.axes
+
+    def __str__(self) -> str:
+        dom = ", ".join(f"{v.name}<{n}" for v, n in zip(self.axes, self.extents))
+        return f"{self.out}[{', '.join(map(repr, self.store_index))}] = {self.body!r}   for {dom}"
+
+
+@dataclass
+class Loop:
+    """for var in [0, extent): body. kind: serial | parallel | vector | unroll.
+
+    `vector` loops are emitted as `lanes`-wide vectors with a scalar remainder."""
+    var: Var
+    extent: Expr
+    body: list[Stmt]
+    kind: str = "serial"
+    lanes: int = 1
+
+
+@dataclass
+class Store:
+    buf: str
+    index: tuple[Expr, ...]
+    value: Expr
+
+
+@dataclass
+class Local:
+    """Declare a mutable accumulator and initialize it."""
+    name: str
+    dtype: str
+    init: Expr
+
+
+@dataclass
+class Assign:
+    name: str
+    value: Expr
+
+
+Stmt = Union[Loop, Store, Local, Assign]
+
+
+@dataclass
+class Kernel:
+    """One fused group: its buffers (arguments, in order, then scratch), computes and loop nest."""
+    name: str
+    args: list[Buffer]                 # bound by the caller, in this order
+    scratch: list[Buffer] = field(default_factory=list)  # kernel-private temporaries (allocated on the arena)
+    computes: list[Compute] = field(default_factory=list)
+    body: list[Stmt] = field(default_factory=list)
+    flops: float = 0.0
+
+    def buffer(self, name: str) -> Buffer:
+        for b in itertools.chain(self.args, self.scratch):
+            if b.name == name:
+                return b
+        raise KeyError(name)
+
+    def __str__(self) -> str:
+        head = f"kernel {self.name}(" + ", ".join(f"{b.name}: {b.dtype}{list(b.shape)}" for b in self.args) + ")"
+        lines = [head + " {"]
+        lines += [f"  scratch {b.name}: {b.dtype}{list(b.shape)}" for b in self.scratch]
+        if self.body:
+            lines += format_stmts(self.body, 1)
+        else:
+            lines += ["  " + str(c) for c in self.computes]
+        return "\n".join(lines + ["}"])
+
+
+def format_stmts(stmts: list[Stmt], depth: int) -> list[str]:
+    pad = "  " * depth
+    out = []
+    for s in stmts:
+        if isinstance(s, Loop):
+            tag = "" if s.kind == "serial" else f" {s.kind}" + (f"<{s.lanes}>" if s.kind == "vector" else "")
+            out.append(f"{pad}for {s.var.name} in 0..{s.extent!r}{tag}:")
+            out += format_stmts(s.body, depth + 1)
+        elif isinstance(s, Store):
+            out.append(f"{pad}{s.buf}[{', '.join(map(repr, s.index))}] = {s.value!r}")
+        elif isinstance(s, Local):
+            out.append(f"{pad}local ${s.name}: {s.dtype} = {s.init!r}")
+        elif isinstance(s, Assign):
+            out.append(f"{pad}${s.name} = {s.value!r}")
+    return out

@@ -1,0 +1,451 @@
+"""Graph node → compute definitions (the TE-style description of what each op computes).
+
+One lowering function per core op in `LOWERINGS`; elementwise ops are one expression each in
+`UNARY`/`BINARY` (rewrite rules as data). Buffers are named after graph values; temporaries get
+`<out>.t<i>`. Reshape-like ops produce no compute: they are views (see kernel/build.py)."""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kiln.errors import UnsupportedOperator
+from kiln.graph.ir import Node, Value
+from kiln.kernel.ir import (Bin, Buffer, Cast, Compute, Const, Expr, Load, Reduce, Select, Un, Var, cmp, const_like,
+                            maximum, minimum)
+
+
+@dataclass
+class Lowered:
+    computes: list[Compute]
+    temps: list[Buffer] = field(default_factory=list)
+
+
+def axes_for(shape: tuple[int, ...], prefix: str = "i") -> tuple[Var, ...]:
+    return tuple(Var(f"{prefix}{d}") for d in range(len(shape)))
+
+
+def ld(v: Value, index: tuple[Expr, ...]) -> Expr:
+    """Read value `v` at `index`; one-element constants become literals."""
+    if v.const is not None and v.const.size == 1:
+        return Const(v.const.reshape(-1)[0].item(), v.dtype)
+    return Load(v.name, tuple(index), v.dtype)
+
+
+def bcast_index(shape: tuple[int, ...], axes: tuple[Expr, ...]) -> tuple[Expr, ...]:
+    """Index into a tensor broadcast (numpy rules) to the output indexed by `axes`."""
+    off = len(axes) - len(shape)
+    return tuple(Const(0, "int64") if d == 1 else axes[off + j] for j, d in enumerate(shape))
+
+
+def clamp(e: Expr, lo: int, hi: int) -> Expr:
+    return minimum(maximum(e, lo), hi)
+
+
+def f(v: float, like: Expr) -> Const:
+    return const_like(v, like)
+
+
+# -- elementwise rules: core op → expression builder --------------------------------------------------------
+def _softplus(x: Expr) -> Expr:
+    return Select(cmp(">", x, 20.0), x, Un("log", Un("exp", x) + 1.0))
+
+
+UNARY: dict[str, Callable[[Expr, dict], Expr]] = {
+    "Relu": lambda x, a: maximum(x, f(0, x)),
+    "Sigmoid": lambda x, a: Un("sigmoid", x),
+    "Tanh": lambda x, a: Un("tanh", x), "Exp": lambda x, a: Un("exp", x), "Log": lambda x, a: Un("log", x),
+    "Sqrt": lambda x, a: Un("sqrt", x), "Neg": lambda x, a: Un("neg", x), "Abs": lambda x, a: Un("abs", x),
+    "Erf": lambda x, a: Un("erf", x), "Reciprocal": lambda x, a: f(1, x) / x, "Floor": lambda x, a: Un("floor", x),
+    "Ceil": lambda x, a: Un("ceil", x), "Round": lambda x, a: Un("round", x), "Sin": lambda x, a: Un("sin", x),
+    "Cos": lambda x, a: Un("cos", x), "Not": lambda x, a: Un("not", x), "Identity": lambda x, a: x,
+    "Softplus": lambda x, a: _softplus(x),
+    "Sign": lambda x, a: Select(cmp(">", x, 0), f(1, x), Select(cmp("<", x, 0), f(-1, x), f(0, x))),
+    "Clip": lambda x, a: _clip(x, a["min"], a["max"]),
+    "LeakyRelu": lambda x, a: Select(cmp(">=", x, 0.0), x, x * a["alpha"]),
+    "Elu": lambda x, a: Select(cmp(">=", x, 0.0), x, (Un("exp", x) - 1.0) * a["alpha"]),
+    "HardSigmoid": lambda x, a: _clip(x * a["alpha"] + a["beta"], 0.0, 1.0),
+    "HardSwish": lambda x, a: x * _clip(x * (1 / 6) + 0.5, 0.0, 1.0),
+    "Mish": lambda x, a: x * Un("tanh", _softplus(x)),
+    "Selu": lambda x, a: Select(cmp(">", x, 0.0), x * a["gamma"], (Un("exp", x) - 1.0) * (a["alpha"] * a["gamma"])),
+    "Gelu": lambda x, a: (x * 0.5 * (Un("erf", x * (1 / math.sqrt(2))) + 1.0) if a["approximate"] == "none" else
+                          x * 0.5 * (Un("tanh", (x + x * x * x * 0.044715) * math.sqrt(2 / math.pi)) + 1.0)),
+    "Cast": lambda x, a: _cast(x, a["to"]),
+}
+
+
+def _clip(x: Expr, lo: float, hi: float) -> Expr:
+    if x.dtype.startswith(("int", "uint")):
+        lo, hi = max(lo, np.iinfo(x.dtype).min), min(hi, np.iinfo(x.dtype).max)
+    y = maximum(x, f(lo, x)) if lo > -math.inf else x
+    return minimum(y, f(hi, x)) if hi < math.inf else y
+
+
+def _cast(x: Expr, to: str) -> Expr:
+    if to == x.dtype:
+        return x
+    if to == "bool":
+        return cmp("!=", x, f(0, x))
+    return Cast(to, x)
+
+
+BINARY: dict[str, Callable[[Expr, Expr], Expr]] = {
+    "Add": lambda a, b: a + b, "Sub": lambda a, b: a - b, "Mul": lambda a, b: a * b, "Div": lambda a, b: a / b,
+    "Pow": lambda a, b: Bin("pow", a, _cast(b, a.dtype)), "Max": maximum, "Min": minimum, "Mod": lambda a, b: a % b,
+    "PRelu": lambda a, b: Select(cmp(">=", a, 0.0), a, a * b),
+    "Equal": lambda a, b: cmp("==", a, b), "Less": lambda a, b: cmp("<", a, b), "Greater": lambda a, b: cmp(">", a, b),
+    "LessOrEqual": lambda a, b: cmp("<=", a, b), "GreaterOrEqual": lambda a, b: cmp(">=", a, b),
+    "And": lambda a, b: Bin("and", a, b), "Or": lambda a, b: Bin("or", a, b), "Xor": lambda a, b: Bin("xor", a, b),
+}
+
+Lowering = Callable[[Node], Lowered]
+LOWERINGS: dict[str, Lowering] = {}
+
+
+def lowering(*ops: str) -> Callable[[Lowering], Lowering]:
+    def reg(fn: Lowering) -> Lowering:
+        for op in ops:
+            LOWERINGS[op] = fn
+        return fn
+    return reg
+
+
+def _out(n: Node) -> tuple[Value, tuple[Var, ...]]:
+    y = n.outputs[0]
+    return y, axes_for(y.shape)
+
+
+@lowering(*UNARY)
+def lower_unary(n: Node) -> Lowered:
+    y, ax = _out(n)
+    x = ld(n.inputs[0], bcast_index(n.inputs[0].shape, ax))
+    return Lowered([Compute(y.name, ax, y.shape, UNARY[n.op](x, n.attrs))])
+
+
+@lowering(*BINARY)
+def lower_binary(n: Node) -> Lowered:
+    y, ax = _out(n)
+    a, b = (ld(v, bcast_index(v.shape, ax)) for v in n.inputs)
+    return Lowered([Compute(y.name, ax, y.shape, BINARY[n.op](a, b))])
+
+
+@lowering("Where")
+def lower_where(n: Node) -> Lowered:
+    y, ax = _out(n)
+    c, a, b = (ld(v, bcast_index(v.shape, ax)) for v in n.inputs)
+    return Lowered([Compute(y.name, ax, y.shape, Select(c, a, b))])
+
+
+# -- reductions --------------------------------------------------------------------------------------------------
+def _reduce_index(x: Value, out_axes: tuple[Var, ...], axes: tuple[int, ...], keepdims: bool,
+                  rvars: dict[int, Var]) -> tuple[Expr, ...]:
+    idx, k = [], 0
+    for d in range(len(x.shape)):
+        if d in axes:
+            idx.append(rvars[d])
+            k += keepdims
+        else:
+            idx.append(out_axes[k])
+            k += 1
+    return tuple(idx)
+
+
+def reduction(x: Value, out_axes: tuple[Var, ...], axes: tuple[int, ...], keepdims: bool, op: str,
+              term: Callable[[Expr], Expr] = lambda e: e, prefix: str = "r") -> Expr:
+    rvars = {d: Var(f"{prefix}{d}") for d in axes}
+    body = term(ld(x, _reduce_index(x, out_axes, axes, keepdims, rvars)))
+    return Reduce(op, tuple((rvars[d], x.shape[d]) for d in axes), body)
+
+
+@lowering("Reduce")
+def lower_reduce(n: Node) -> Lowered:
+    (x,), (y, ax), a = n.inputs, _out(n), n.attrs
+    axes, keep, kind = a["axes"], a["keepdims"], a["kind"]
+    count = float(np.prod([x.shape[d] for d in axes]))
+    red = lambda op, term=lambda e: e: reduction(x, ax, axes, keep, op, term)  # noqa: E731
+    if kind == "logsumexp":
+        m = Buffer(f"{y.name}.t0", y.dtype, y.shape)
+        mv = Load(m.name, ax, y.dtype)
+        body = Un("log", reduction(x, ax, axes, keep, "sum", lambda e: Un("exp", e - mv))) + mv
+        return Lowered([Compute(m.name, ax, y.shape, red("max")), Compute(y.name, ax, y.shape, body)], [m])
+    body = {"sum": lambda: red("sum"), "max": lambda: red("max"), "min": lambda: red("min"),
+            "prod": lambda: red("prod"), "mean": lambda: red("sum") * (1.0 / count),
+            "l1": lambda: red("sum", lambda e: Un("abs", e)),
+            "l2": lambda: Un("sqrt", red("sum", lambda e: e * e)),
+            "sumsquare": lambda: red("sum", lambda e: e * e)}[kind]()
+    return Lowered([Compute(y.name, ax, y.shape, body)])
+
+
+@lowering("ArgReduce")
+def lower_argreduce(n: Node) -> Lowered:
+    """argmax = min index k with x[k] == max(x): two plain reductions, first index wins (ONNX default)."""
+    (x,), (y, ax), a = n.inputs, _out(n), n.attrs
+    m = Buffer(f"{y.name}.t0", x.dtype, y.shape)
+    best = reduction(x, ax, (a["axis"],), a["keepdims"], a["kind"])
+    k = Var(f"r{a['axis']}")
+    hit = reduction(x, ax, (a["axis"],), a["keepdims"], "min",
+                    lambda e: Select(cmp("==", e, Load(m.name, ax, x.dtype)), k, Const(x.shape[a["axis"]], "int64")))
+    return Lowered([Compute(m.name, ax, y.shape, best), Compute(y.name, ax, y.shape, hit)], [m])
+
+
+# -- matrix product and convolution ------------------------------------------------------------------------------------
+@lowering("MatMul")
+def lower_matmul(n: Node) -> Lowered:
+    (a, b), (y, ax) = n.inputs, _out(n)
+    k = Var("rk")
+    batch = ax[:-2]
+    ia = bcast_index(a.shape[:-2], batch) + (ax[-2], k)
+    ib = bcast_index(b.shape[:-2], batch) + (k, ax[-1])
+    body = Reduce("sum", ((k, a.shape[-1]),), ld(a, ia) * ld(b, ib))
+    return Lowered([Compute(y.name, ax, y.shape, body)])
+
+
+def _padded(x: Value, pads: tuple[int, ...], value: float, name: str) -> tuple[Compute | None, Buffer | None, str]:
+    """A zero/-inf padded copy of NCHW `x` (spatial pads only), so windows read in bounds with affine indices."""
+    nd = len(x.shape) - 2
+    if not any(pads):
+        return None, None, x.name
+    shape = x.shape[:2] + tuple(x.shape[2 + i] + pads[i] + pads[i + nd] for i in range(nd))
+    buf = Buffer(name, x.dtype, shape)
+    ax = axes_for(shape, "p")
+    src = [ax[0], ax[1]] + [ax[2 + i] - pads[i] for i in range(nd)]
+    inside: Expr | None = None
+    for i in range(nd):
+        c = Bin("and", cmp(">=", src[2 + i], 0), cmp("<", src[2 + i], x.shape[2 + i]))
+        inside = c if inside is None else Bin("and", inside, c)
+    safe = tuple(src[:2] + [clamp(src[2 + i], 0, x.shape[2 + i] - 1) for i in range(nd)])
+    body = Select(inside, Load(x.name, safe, x.dtype), Const(value, x.dtype))
+    return Compute(name, ax, shape, body), buf, name
+
+
+@lowering("Conv")
+def lower_conv(n: Node) -> Lowered:
+    x, w = n.inputs[0], n.inputs[1]
+    y, ax = _out(n)
+    a = n.attrs
+    nd = len(x.shape) - 2
+    pre, tmp, src = _padded(x, a["pads"], 0.0, f"{y.name}.pad")
+    cig, cog = w.shape[1], w.shape[0] // a["group"]
+    ci = Var("rc")
+    ks = tuple(Var(f"rk{i}") for i in range(nd))
+    chan = ci if a["group"] == 1 else (ax[1] // cog) * cig + ci
+    sp = tuple(ax[2 + i] * a["strides"][i] + ks[i] * a["dilations"][i] for i in range(nd))
+    xs = Load(src, (ax[0], chan) + sp, x.dtype)
+    body: Expr = Reduce("sum", ((ci, cig),) + tuple((k, e) for k, e in zip(ks, w.shape[2:])),
+                        xs * ld(w, (ax[1], ci) + ks))
+    if len(n.inputs) > 2:
+        body = body + ld(n.inputs[2], (ax[1],))
+    return Lowered(([pre] if pre else []) + [Compute(y.name, ax, y.shape, body)], [tmp] if tmp else [])
+
+
+@lowering("ConvTranspose")
+def lower_conv_transpose(n: Node) -> Lowered:
+    """Gather form: out[o] = Σ x[(o + p − k·d)/s] · w[k] over taps where the division is exact and in range."""
+    x, w = n.inputs[0], n.inputs[1]
+    y, ax = _out(n)
+    a = n.attrs
+    nd = len(x.shape) - 2
+    cig, cog = x.shape[1] // a["group"], w.shape[1]
+    ci, ks = Var("rc"), tuple(Var(f"rk{i}") for i in range(nd))
+    ok: Expr = Const(True, "bool")
+    src = []
+    for i in range(nd):
+        t = ax[2 + i] + a["pads"][i] - ks[i] * a["dilations"][i]
+        q = t // a["strides"][i]
+        ok = Bin("and", ok, Bin("and", cmp("==", t - q * a["strides"][i], 0),
+                                Bin("and", cmp(">=", t, 0), cmp("<", q, x.shape[2 + i]))))
+        src.append(clamp(q, 0, x.shape[2 + i] - 1))
+    g = ax[1] // cog
+    xv = Load(x.name, (ax[0], g * cig + ci) + tuple(src), x.dtype)
+    wv = ld(w, (g * cig + ci, ax[1] - g * cog) + ks)
+    body: Expr = Reduce("sum", ((ci, cig),) + tuple(zip(ks, w.shape[2:])), Select(ok, xv * wv, Const(0.0, y.dtype)))
+    if len(n.inputs) > 2:
+        body = body + ld(n.inputs[2], (ax[1],))
+    return Lowered([Compute(y.name, ax, y.shape, body)])
+
+
+@lowering("Pool")
+def lower_pool(n: Node) -> Lowered:
+    (x,), (y, ax), a = n.inputs, _out(n), n.attrs
+    nd = len(x.shape) - 2
+    kind = a["kind"]
+    fill = -np.inf if kind == "max" else 0.0
+    pre, tmp, src = _padded(x, a["pads"], fill, f"{y.name}.pad")
+    ks = tuple(Var(f"rk{i}") for i in range(nd))
+    sp = tuple(ax[2 + i] * a["strides"][i] + ks[i] * a["dilations"][i] for i in range(nd))
+    xs = Load(src, (ax[0], ax[1]) + sp, x.dtype)
+    window = tuple(zip(ks, a["kernel"]))
+    if kind == "max":
+        body: Expr = Reduce("max", window, xs)
+    elif kind == "lp":
+        p = float(a["p"])
+        body = Bin("pow", Reduce("sum", window, Bin("pow", Un("abs", xs), Const(p))), Const(1.0 / p))
+    else:
+        count: Expr | None = None
+        for i in range(nd):  # window positions that count: inside the input, or inside input+pads if include_pad
+            lo_lim = -a["count_pads"][i] if a["include_pad"] else 0
+            hi_lim = x.shape[2 + i] + (a["count_pads"][i + nd] if a["include_pad"] else 0)
+            start = ax[2 + i] * a["strides"][i] - a["pads"][i]
+            c = minimum(start + a["kernel"][i], hi_lim) - maximum(start, lo_lim)
+            count = c if count is None else count * c
+        body = Reduce("sum", window, xs) / Cast(x.dtype, count)
+    return Lowered(([pre] if pre else []) + [Compute(y.name, ax, y.shape, body)], [tmp] if tmp else [])
+
+
+# -- normalizations ------------------------------------------------------------------------------------------------------
+def _stats(x: Value, y: Value, ax: tuple[Var, ...], axes: tuple[int, ...], eps: float) -> tuple[list[Compute], list[Buffer], Expr, Expr]:
+    """mean and 1/sqrt(var+eps) over `axes` as two temporaries (keepdims), and their loads at `ax`."""
+    shape = tuple(1 if d in axes else s for d, s in enumerate(x.shape))
+    mean, rstd = Buffer(f"{y.name}.mean", "float32", shape), Buffer(f"{y.name}.rstd", "float32", shape)
+    sax = axes_for(shape, "s")
+    inv = 1.0 / float(np.prod([x.shape[d] for d in axes]))
+    mload = Load(mean.name, sax, "float32")
+    c1 = Compute(mean.name, sax, shape, reduction(x, sax, axes, True, "sum") * inv)
+    var = reduction(x, sax, axes, True, "sum", lambda e: (e - mload) * (e - mload)) * inv
+    c2 = Compute(rstd.name, sax, shape, f(1.0, var) / Un("sqrt", var + eps))
+    at = bcast_index(shape, ax)
+    return [c1, c2], [mean, rstd], Load(mean.name, at, "float32"), Load(rstd.name, at, "float32")
+
+
+@lowering("LayerNormalization")
+def lower_layernorm(n: Node) -> Lowered:
+    x, scale = n.inputs[0], n.inputs[1]
+    y, ax = _out(n)
+    axes = tuple(range(n.attrs["axis"], len(x.shape)))
+    cs, bufs, m, r = _stats(x, y, ax, axes, n.attrs["epsilon"])
+    body = (ld(x, ax) - m) * r * ld(scale, bcast_index(scale.shape, ax))
+    if len(n.inputs) > 2:
+        body = body + ld(n.inputs[2], bcast_index(n.inputs[2].shape, ax))
+    return Lowered(cs + [Compute(y.name, ax, y.shape, body)], bufs)
+
+
+@lowering("InstanceNormalization")
+def lower_instancenorm(n: Node) -> Lowered:
+    x, scale, bias = n.inputs
+    y, ax = _out(n)
+    cs, bufs, m, r = _stats(x, y, ax, tuple(range(2, len(x.shape))), n.attrs["epsilon"])
+    body = (ld(x, ax) - m) * r * ld(scale, (ax[1],)) + ld(bias, (ax[1],))
+    return Lowered(cs + [Compute(y.name, ax, y.shape, body)], bufs)
+
+
+@lowering("BatchNormalization")
+def lower_batchnorm(n: Node) -> Lowered:
+    x, scale, b, mean, var = n.inputs
+    y, ax = _out(n)
+    c = (ax[1],)
+    body = (ld(x, ax) - ld(mean, c)) * (ld(scale, c) / Un("sqrt", ld(var, c) + n.attrs["epsilon"])) + ld(b, c)
+    return Lowered([Compute(y.name, ax, y.shape, body)])
+
+
+@lowering("Softmax", "LogSoftmax")
+def lower_softmax(n: Node) -> Lowered:
+    (x,), (y, ax) = n.inputs, _out(n)
+    axis = n.attrs["axis"]
+    shape = tuple(1 if d == axis else s for d, s in enumerate(x.shape))
+    mx, sm = Buffer(f"{y.name}.max", x.dtype, shape), Buffer(f"{y.name}.sum", x.dtype, shape)
+    sax = axes_for(shape, "s")
+    c1 = Compute(mx.name, sax, shape, reduction(x, sax, (axis,), True, "max"))
+    m_s = Load(mx.name, sax, x.dtype)
+    c2 = Compute(sm.name, sax, shape, reduction(x, sax, (axis,), True, "sum", lambda e: Un("exp", e - m_s)))
+    at = bcast_index(shape, ax)
+    m, s = Load(mx.name, at, x.dtype), Load(sm.name, at, x.dtype)
+    xv = ld(x, ax)
+    body = Un("exp", xv - m) / s if n.op == "Softmax" else xv - m - Un("log", s)
+    return Lowered([c1, c2, Compute(y.name, ax, y.shape, body)], [mx, sm])
+
+
+@lowering("LRN")
+def lower_lrn(n: Node) -> Lowered:
+    (x,), (y, ax), a = n.inputs, _out(n), n.attrs
+    size, C = a["size"], x.shape[1]
+    j = Var("rj")
+    c = ax[1] - (size - 1) // 2 + j
+    inside = Bin("and", cmp(">=", c, 0), cmp("<", c, C))
+    xv = Load(x.name, (ax[0], clamp(c, 0, C - 1)) + ax[2:], x.dtype)
+    sq = Reduce("sum", ((j, size),), Select(inside, xv * xv, Const(0.0)))
+    body = ld(x, ax) / Bin("pow", sq * (a["alpha"] / size) + a["bias"], Const(a["beta"]))
+    return Lowered([Compute(y.name, ax, y.shape, body)])
+
+
+# -- data movement ---------------------------------------------------------------------------------------------------------
+@lowering("Transpose")
+def lower_transpose(n: Node) -> Lowered:
+    (x,), (y, ax) = n.inputs, _out(n)
+    idx = [None] * len(ax)
+    for i, p in enumerate(n.attrs["perm"]):
+        idx[p] = ax[i]
+    return Lowered([Compute(y.name, ax, y.shape, ld(x, tuple(idx)))])
+
+
+@lowering("Concat")
+def lower_concat(n: Node) -> Lowered:
+    y, axis, off, out = n.outputs[0], n.attrs["axis"], 0, []
+    for x in n.inputs:
+        ax = axes_for(x.shape)
+        store = tuple(v + off if d == axis else v for d, v in enumerate(ax))
+        out.append(Compute(y.name, ax, x.shape, ld(x, ax), store))
+        off += x.shape[axis]
+    return Lowered(out)
+
+
+@lowering("Slice")
+def lower_slice(n: Node) -> Lowered:
+    (x,), (y, ax), a = n.inputs, _out(n), n.attrs
+    idx = tuple(v * st + s for v, s, st in zip(ax, a["starts"], a["steps"]))
+    return Lowered([Compute(y.name, ax, y.shape, ld(x, idx))])
+
+
+@lowering("Gather")
+def lower_gather(n: Node) -> Lowered:
+    (x, ind), (y, ax), axis = n.inputs, _out(n), n.attrs["axis"]
+    r = len(ind.shape)
+    k = ld(ind, ax[axis:axis + r])
+    k = _cast(k, "int64")
+    dim = x.shape[axis]
+    k = clamp(Select(cmp("<", k, 0), k + dim, k), 0, dim - 1)  # out-of-range runtime indices clamp, never read OOB
+    idx = ax[:axis] + (k,) + ax[axis + r:]
+    return Lowered([Compute(y.name, ax, y.shape, ld(x, idx))])
+
+
+@lowering("Pad")
+def lower_pad(n: Node) -> Lowered:
+    (x,), (y, ax), a = n.inputs, _out(n), n.attrs
+    rank, mode = len(x.shape), a["mode"]
+    idx, inside = [], None
+    for d in range(rank):
+        s, size = ax[d] - a["pads"][d], x.shape[d]
+        if mode == "constant":
+            c = Bin("and", cmp(">=", s, 0), cmp("<", s, size))
+            inside = c if inside is None else Bin("and", inside, c)
+            idx.append(clamp(s, 0, size - 1))
+        elif mode == "edge":
+            idx.append(clamp(s, 0, size - 1))
+        elif mode == "wrap":
+            idx.append(((s % size) + size) % size)
+        else:  # reflect: fold the index back into [0, size) with period 2(size−1)
+            period = max(2 * (size - 1), 1)
+            m = ((s % period) + period) % period
+            idx.append(Select(cmp("<", m, size), m, Const(period, "int64") - m) if size > 1 else Const(0, "int64"))
+    v = ld(x, tuple(idx))
+    body = Select(inside, v, Const(a["value"], x.dtype)) if inside is not None else v
+    return Lowered([Compute(y.name, ax, y.shape, body)])
+
+
+@lowering("Expand")
+def lower_expand(n: Node) -> Lowered:
+    (x,), (y, ax) = n.inputs, _out(n)
+    return Lowered([Compute(y.name, ax, y.shape, ld(x, bcast_index(x.shape, ax)))])
+
+
+@lowering("Tile")
+def lower_tile(n: Node) -> Lowered:
+    (x,), (y, ax) = n.inputs, _out(n)
+    return Lowered([Compute(y.name, ax, y.shape, ld(x, tuple(v % d for v, d in zip(ax, x.shape))))])
+
+
+def lower_node(n: Node) -> Lowered:
+    if n.op not in LOWERINGS:
+        raise UnsupportedOperator(n.op, n.name, detail="no lowering to the kernel IR")
+    return LOWERINGS[n.op](n)

@@ -1,0 +1,129 @@
+"""A compiled model: machine code + weights + memory plan, callable like an onnxruntime session."""
+from __future__ import annotations
+
+import ctypes
+import io
+import json
+import threading
+import time
+import zipfile
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kiln.codegen.jit import LoadedObject
+from kiln.codegen.module import ENTRY
+from kiln.target import Target
+
+FORMAT_VERSION = 1
+_ENTRY_T = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                            ctypes.c_int32, ctypes.c_void_p)
+_HOOK_T = ctypes.CFUNCTYPE(None, ctypes.c_int32)
+
+
+@dataclass
+class IOSpec:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+
+class Executable:
+    """`exe.run({name: array}) -> [outputs]`; `exe.save(path)`; `kiln.load(path)`."""
+
+    def __init__(self, obj: bytes, weights: bytes, meta: dict[str, Any], target: Target):
+        self.obj, self.meta, self.target = obj, meta, target
+        self.inputs = [IOSpec(d["name"], d["dtype"], tuple(d["shape"])) for d in meta["inputs"]]
+        self.outputs = [IOSpec(d["name"], d["dtype"], tuple(d["shape"])) for d in meta["outputs"]]
+        self.kernel_names: list[str] = meta.get("kernels", [])
+        self.num_threads: int = meta["num_threads"]
+        self._weights = _aligned(len(weights))
+        self._weights[:len(weights)] = np.frombuffer(weights, dtype=np.uint8)
+        self._arena = _aligned(meta["arena_bytes"])
+        self._code = LoadedObject(obj, target)
+        self._entry = _ENTRY_T(self._code.address(ENTRY))
+        self._lock = threading.Lock()  # one arena: one run at a time
+
+    @property
+    def input_names(self) -> list[str]:
+        return [s.name for s in self.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [s.name for s in self.outputs]
+
+    def _check(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        if not isinstance(feeds, dict):
+            raise ValueError(f"feeds must be a dict of input name → array; inputs are {self.input_names}")
+        unknown = set(feeds) - set(self.input_names)
+        if unknown:
+            raise ValueError(f"unknown input name(s) {sorted(unknown)}; the model's inputs are "
+                             + ", ".join(f"{s.name}: {s.dtype}{list(s.shape)}" for s in self.inputs))
+        arrays = []
+        for s in self.inputs:
+            if s.name not in feeds:
+                raise ValueError(f"missing input '{s.name}' ({s.dtype}{list(s.shape)})")
+            a = np.asarray(feeds[s.name])
+            if a.dtype != np.dtype(s.dtype):
+                raise ValueError(f"input '{s.name}' has dtype {a.dtype}, expected {s.dtype}")
+            if tuple(a.shape) != s.shape:
+                raise ValueError(f"input '{s.name}' has shape {list(a.shape)}, expected {list(s.shape)}")
+            arrays.append(np.ascontiguousarray(a))
+        return arrays
+
+    def run(self, feeds: dict[str, np.ndarray], profile: dict[str, float] | None = None) -> list[np.ndarray]:
+        """Run once. With `profile` (a dict), adds the seconds spent in each kernel to it."""
+        ins = self._check(feeds)
+        outs = [np.empty(s.shape, dtype=s.dtype) for s in self.outputs]
+        in_ptrs = (ctypes.c_void_p * max(1, len(ins)))(*[a.ctypes.data for a in ins])
+        out_ptrs = (ctypes.c_void_p * max(1, len(outs)))(*[a.ctypes.data for a in outs])
+        hook = None
+        if profile is not None:
+            last = [time.perf_counter()]
+
+            def tick(k: int) -> None:
+                now = time.perf_counter()
+                name = self.kernel_names[k] if k < len(self.kernel_names) else f"k{k}"
+                profile[name] = profile.get(name, 0.0) + now - last[0]
+                last[0] = now
+            hook = _HOOK_T(tick)
+        with self._lock:
+            self._entry(ctypes.addressof(in_ptrs), ctypes.addressof(out_ptrs), self._arena.ctypes.data,
+                        self._weights.ctypes.data, self.num_threads,
+                        ctypes.cast(hook, ctypes.c_void_p) if hook else None)
+        return outs
+
+    __call__ = run
+
+    # -- persistence -----------------------------------------------------------------------------------------------
+    def save(self, path: str) -> None:
+        with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as z:
+            z.writestr("meta.json", json.dumps({**self.meta, "format": FORMAT_VERSION, "target_key": self.target.key}))
+            z.writestr("module.o", self.obj)
+            z.writestr("weights.bin", self._weights.tobytes())
+
+    @staticmethod
+    def load(path: str | io.BytesIO, num_threads: int | None = None) -> Executable:
+        from kiln.target import host
+
+        try:
+            with zipfile.ZipFile(path) as z:
+                meta = json.loads(z.read("meta.json"))
+                obj, weights = z.read("module.o"), z.read("weights.bin")
+        except (zipfile.BadZipFile, KeyError, OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"{path} is not a saved Kiln executable: {e}") from None
+        if meta.get("format") != FORMAT_VERSION:
+            raise ValueError(f"{path}: format {meta.get('format')} but this Kiln reads {FORMAT_VERSION}")
+        target = host()
+        if meta.get("target_key") != target.key:
+            raise ValueError(f"{path} was compiled for another target ({meta.get('target_key')}), not this host")
+        if num_threads is not None:
+            meta["num_threads"] = num_threads
+        return Executable(obj, weights, meta, target)
+
+
+def _aligned(nbytes: int, align: int = 64) -> np.ndarray:
+    raw = np.zeros(nbytes + align, dtype=np.uint8)
+    off = (-raw.ctypes.data) % align
+    return raw[off:off + nbytes] if nbytes else raw[off:off + 1]

@@ -1,0 +1,75 @@
+"""Default schedules: turn each compute of a kernel into a vectorized, parallel loop nest.
+
+Rules (per compute): vectorize the innermost output axis (lanes from the target's vector width and the
+widest element type); when there is enough work, fuse the outer output axes into one parallel loop, or
+split a lone axis into parallel chunks of vectors."""
+from __future__ import annotations
+
+import numpy as np
+
+from kiln.kernel.ir import Compute, Const, Kernel, Load, Loop, Reduce, Stmt, walk
+from kiln.schedule.primitives import compute_to_loops, fuse, parallel, split, vectorize
+from kiln.target import Target
+
+PARALLEL_MIN_WORK = 1 << 15  # below this many inner iterations a fork/join costs more than it saves
+
+
+def _elem_bits(k: Kernel, c: Compute) -> int:
+    names = {c.out} | {e.buf for e in walk(c.body) if isinstance(e, Load)}
+    return max([8 * np.dtype(k.buffer(n).dtype).itemsize for n in names] + [32])
+
+
+def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
+                     options: dict[str, bool]) -> list[Stmt]:
+    nest = compute_to_loops(c, tag)
+    if not c.axes:
+        return nest
+    reds = [e for e in walk(c.body) if isinstance(e, Reduce)]
+    red_size = int(np.prod([n for r in reds for _, n in r.axes])) if reds else 1
+    work = int(np.prod(c.extents)) * red_size
+
+    # the perfect nest of output loops, outermost first
+    chain: list[Loop] = []
+    cur: list[Stmt] = nest
+    while len(cur) == 1 and isinstance(cur[0], Loop) and len(chain) < len(c.axes):
+        chain.append(cur[0])
+        cur = cur[0].body
+
+    def rebuild(loops: list[Loop], body: list[Stmt]) -> list[Stmt]:
+        for lp in reversed(loops):
+            body = [Loop(lp.var, lp.extent, body, lp.kind, lp.lanes)]
+        return body
+
+    inner = chain[-1]
+    n_inner = int(inner.extent.value) if isinstance(inner.extent, Const) else 0
+    lanes = target.lanes(_elem_bits(k, c))
+    if options.get("vectorize", True) and n_inner >= 4:
+        while lanes > n_inner and lanes > 4:
+            lanes //= 2
+        chain[-1] = vectorize(inner, lanes)
+
+    if not options.get("parallel", True) or threads <= 1 or work < PARALLEL_MIN_WORK:
+        return rebuild(chain, cur)
+    if len(chain) == 1:  # a single axis: parallel chunks of whole vectors
+        n = n_inner
+        chunk = max(lanes, -(-n // (threads * 4)))
+        chunk = -(-chunk // lanes) * lanes
+        if chunk >= n:
+            return rebuild(chain, cur)
+        return [parallel(split(chain[0], chunk))]
+    # fuse outer (non-vector) loops until there is enough parallelism
+    outer = chain[:-1]
+    fused = rebuild(outer[:1], [])[0]
+    fused.body = rebuild(outer[1:], rebuild(chain[-1:], cur))
+    used = 1
+    while used < len(outer) and int(fused.extent.value) < threads * 8:
+        fused = fuse(fused)
+        used += 1
+    return [parallel(fused)]
+
+
+def schedule_kernel(k: Kernel, target: Target, threads: int, options: dict[str, bool]) -> Kernel:
+    k.body = []
+    for i, c in enumerate(k.computes):
+        k.body += schedule_compute(k, c, str(i), target, threads, options)
+    return k

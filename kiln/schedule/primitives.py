@@ -1,0 +1,116 @@
+"""Schedule primitives: each rewrites a loop nest and keeps its meaning.
+
+Loop nests are lists of `Loop`/`Store`/`Local`/`Assign` (kiln.kernel.ir). Each primitive's docstring
+shows the nest before and after, TVM-style."""
+from __future__ import annotations
+
+from kiln.kernel.ir import (Assign, Compute, Const, Expr, Local, LocalRef, Loop, Reduce, Stmt, Store, Var,
+                            init_value, substitute, walk)
+
+
+def compute_to_loops(c: Compute, tag: str) -> list[Stmt]:
+    """The unscheduled nest of a compute definition.
+
+        out[i, j] = f(sum[k](g(i, j, k)))
+    becomes
+        for i: for j:
+            local $acc = 0
+            for k: $acc = $acc + g(i, j, k)
+            out[i, j] = f($acc)
+    """
+    reds = [e for e in walk(c.body) if isinstance(e, Reduce)]
+    if len(reds) > 1:
+        raise ValueError(f"compute {c.out} has {len(reds)} reductions; lowering must split them")
+    inner: list[Stmt]
+    if reds:
+        r = reds[0]
+        acc = f"acc_{tag}"
+        ref = LocalRef(acc, r.dtype)
+        update: Stmt = Assign(acc, combine(r.op, ref, r.body))
+        for v, n in reversed(r.axes):
+            update = Loop(v, Const(n, "int64"), [update])
+        inner = [Local(acc, r.dtype, init_value(r.op, r.dtype)), update,
+                 Store(c.out, c.store_index, substitute(c.body, {r: ref}))]
+    else:
+        inner = [Store(c.out, c.store_index, c.body)]
+    for v, n in reversed(list(zip(c.axes, c.extents))):
+        inner = [Loop(v, Const(n, "int64"), inner)]
+    return inner
+
+
+def combine(op: str, acc: Expr, x: Expr) -> Expr:
+    from kiln.kernel.ir import Bin
+    return {"sum": lambda: acc + x, "prod": lambda: acc * x,
+            "max": lambda: Bin("max", acc, x), "min": lambda: Bin("min", acc, x)}[op]()
+
+
+def rename(stmts: list[Stmt], mapping: dict[Expr, Expr]) -> list[Stmt]:
+    """Substitute expressions (usually loop variables) throughout a nest."""
+    out: list[Stmt] = []
+    for s in stmts:
+        if isinstance(s, Loop):
+            out.append(Loop(s.var, substitute(s.extent, mapping), rename(s.body, mapping), s.kind, s.lanes))
+        elif isinstance(s, Store):
+            out.append(Store(s.buf, tuple(substitute(e, mapping) for e in s.index), substitute(s.value, mapping)))
+        elif isinstance(s, Assign):
+            out.append(Assign(s.name, substitute(s.value, mapping)))
+        else:
+            out.append(Local(s.name, s.dtype, substitute(s.init, mapping)))
+    return out
+
+
+def fuse(outer: Loop) -> Loop:
+    """Merge a loop with its only child loop (both constant extents).
+
+        for i in 0..N: for j in 0..M: S(i, j)
+    becomes
+        for ij in 0..N*M: S(ij // M, ij % M)
+    """
+    inner = outer.body[0]
+    assert len(outer.body) == 1 and isinstance(inner, Loop)
+    n, m = outer.extent, inner.extent
+    assert isinstance(n, Const) and isinstance(m, Const)
+    v = Var(f"{outer.var.name}_{inner.var.name}")
+    body = rename(inner.body, {outer.var: v // m.value, inner.var: v % m.value})
+    return Loop(v, Const(n.value * m.value, "int64"), body, outer.kind)
+
+
+def split(loop: Loop, factor: int) -> Loop:
+    """Split a loop into an outer loop of chunks and an inner loop of at most `factor` iterations.
+
+        for i in 0..N: S(i)
+    becomes
+        for io in 0..ceil(N/f): for ii in 0..min(f, N - io*f): S(io*f + ii)
+    (the inner extent shrinks on the last chunk instead of guarding every iteration)."""
+    assert isinstance(loop.extent, Const)
+    n = loop.extent.value
+    vo, vi = Var(loop.var.name + "o"), Var(loop.var.name + "i")
+    from kiln.kernel.ir import minimum
+    ext: Expr = Const(factor, "int64") if n % factor == 0 else minimum(Const(factor, "int64"), Const(n, "int64") - vo * factor)
+    inner = Loop(vi, ext, rename(loop.body, {loop.var: vo * factor + vi}), loop.kind, loop.lanes)
+    return Loop(vo, Const(-(-n // factor), "int64"), [inner])
+
+
+def vectorize(loop: Loop, lanes: int) -> Loop:
+    """Mark a loop to be emitted `lanes` at a time (vector registers), with a scalar remainder.
+
+        for j in 0..N: S(j)
+    becomes
+        for j in 0..N step L: S(j..j+L-1) as one vector op each;  for j in N-N%L..N: S(j)
+    Loads whose address moves by 1 with j become vector loads, those that do not depend on j broadcasts,
+    others gathers."""
+    return Loop(loop.var, loop.extent, loop.body, "vector", lanes)
+
+
+def parallel(loop: Loop) -> Loop:
+    """Run the iterations of an outermost loop on the thread pool (static chunks, one per thread).
+
+        for i in 0..N: S(i)   becomes   parallel for i in 0..N: S(i)"""
+    return Loop(loop.var, loop.extent, loop.body, "parallel", loop.lanes)
+
+
+def unroll(loop: Loop) -> Loop:
+    """Emit every iteration of a constant-extent loop (codegen repeats the body).
+
+        for k in 0..3: S(k)   becomes   S(0); S(1); S(2)"""
+    return Loop(loop.var, loop.extent, loop.body, "unroll", loop.lanes)
