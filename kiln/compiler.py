@@ -51,7 +51,7 @@ def lower(model: onnx.ModelProto | str | bytes, target: Target, num_threads: int
           input_shapes: dict[str, Sequence[int]] | None = None, trace: Trace | None = None,
           stop_after: str = "object") -> Compiled:
     from kiln.codegen.jit import emit_object, optimize
-    from kiln.codegen.module import build_module
+    from kiln.codegen.module import build_module_text
     from kiln.frontend.onnx import import_onnx
     from kiln.graph.passes import run_graph_passes
     from kiln.kernel.build import build_program
@@ -82,8 +82,7 @@ def lower(model: onnx.ModelProto | str | bytes, target: Target, num_threads: int
     lap("lower")
     if stop_after == "kernels":
         return out
-    module, called = build_module(prog, plan, target)                        # 6. one LLVM module
-    out.llvm_ir, out.kernel_functions = str(module), called
+    out.llvm_ir, out.kernel_functions = build_module_text(prog, plan, target)  # 6. one LLVM module
     tr("llvm", out.llvm_ir)
     lap("codegen")
     if stop_after == "llvm":

@@ -185,7 +185,7 @@ class ExprEmitter:
             val = self.b.load(p, typ=ir.VectorType(mt, self.vec.lanes), align=align)
             return self._from_memory(val, dtype), True
         idx, _ = self.ev(flat)
-        ptrs = self.b.gep(ptr, [idx], source_etype=mt)
+        ptrs = self.lane_pointers(ptr, idx, mt)
         n = self.vec.lanes
         vt = ir.VectorType(mt, n)
         name = f"llvm.masked.gather.v{n}{self._tname(mt) if mt in (F32, F64) else str(mt)}.v{n}p0"
@@ -194,6 +194,14 @@ class ExprEmitter:
         val = self.b.call(fn, [ptrs, ir.Constant(I32, align), ir.Constant(ir.VectorType(I1, n), [1] * n),
                                ir.Constant(vt, ir.Undefined)])
         return self._from_memory(val, dtype), True
+
+    def lane_pointers(self, ptr: ir.Value, idx: ir.Value, mt: ir.Type) -> ir.Value:
+        """<n x ptr> = ptr + idx * sizeof(elem) (llvmlite's gep cannot type a vector-of-pointers result)."""
+        n = idx.type.count
+        size = max(1, mt.width // 8) if isinstance(mt, ir.IntType) else (4 if mt == F32 else 8)
+        base = self.splat(self.b.ptrtoint(ptr, I64))
+        addr = self.b.add(base, self.b.mul(idx, ir.Constant(ir.VectorType(I64, n), [size] * n)))
+        return self.b.inttoptr(addr, ir.VectorType(PTR, n))
 
     def _uniform(self, e: Expr) -> tuple[ir.Value, bool]:
         v, is_vec = self.ev(e)

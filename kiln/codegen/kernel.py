@@ -97,7 +97,7 @@ class KernelEmitter:
             raise AssertionError(f"vectorized store to a uniform address in {self.k.name}: bad schedule")
         idx, _ = em.ev(flat)
         n = em.vec.lanes
-        ptrs = b.gep(ptr, [idx], source_etype=mt)
+        ptrs = em.lane_pointers(ptr, idx, mt)
         tn = {"float32": "f32", "float64": "f64"}.get(dtype, str(mt))
         name = f"llvm.masked.scatter.v{n}{tn}.v{n}p0"
         vt = ir.VectorType(mt, n)
@@ -169,6 +169,6 @@ class KernelEmitter:
         # caller: pack the buffer pointers, fork
         arr = self.entry_alloca(b, ir.ArrayType(PTR, len(args)))
         for i, a in enumerate(args):
-            b.store(a, b.gep(arr, [ir.Constant(I32, 0), ir.Constant(I32, i)], source_etype=arr.allocated_type))
+            b.store(a, b.gep(arr, [ir.Constant(I32, 0), ir.Constant(I32, i)]))
         nthreads = b.load(self.m.globals[NTHREADS_GLOBAL], typ=I32)
         b.call(self.m.globals["GOMP_parallel"], [worker, arr, nthreads, ir.Constant(I32, 0)])

@@ -6,6 +6,9 @@ It calls the kernels in order with pointers from the static memory plan. Structu
 share one function. A non-null `profile_hook(i32 k)` is called after kernel k (for `--profile`)."""
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 from llvmlite import ir
 
 from kiln.codegen.exprs import I32, I64, PTR
@@ -21,6 +24,26 @@ ENTRY = "kiln_main"
 def kernel_key(k: Kernel) -> str:
     """Kernels that print the same (up to their name) compute the same: emit them once."""
     return str(k).replace(k.name, "K", 1)
+
+
+@contextlib.contextmanager
+def opaque_pointers() -> Iterator[None]:
+    """llvmlite's IR layer prints allocas as typed pointers (`float*`) unless told otherwise, which LLVM ≥ 17
+    rejects; flip its module-level switch only while Kiln prints IR, so other llvmlite users are unaffected."""
+    import llvmlite.ir.types as types
+
+    saved = types.ir_layer_typed_pointers_enabled
+    types.ir_layer_typed_pointers_enabled = False
+    try:
+        yield
+    finally:
+        types.ir_layer_typed_pointers_enabled = saved
+
+
+def build_module_text(prog: Program, plan: MemoryPlan, target: Target) -> tuple[str, list[str]]:
+    with opaque_pointers():
+        m, called = build_module(prog, plan, target)
+        return str(m), called
 
 
 def build_module(prog: Program, plan: MemoryPlan, target: Target) -> tuple[ir.Module, list[str]]:

@@ -56,8 +56,8 @@ def imp_unary(cx: Ctx, ins: list[Value | None]) -> list[Value]:
 
 @importer("Identity", "Dropout")
 def imp_identity(cx: Ctx, ins: list[Value | None]) -> list[Value]:
-    if cx.node.op_type == "Dropout" and len([o for o in cx.node.output if o]) > 1:
-        raise cx.unsupported("Dropout's mask output is not supported (inference only)")
+    if cx.node.op_type == "Dropout" and len(cx.node.output) > 1:  # inference: the mask is all true
+        return [ins[0], cx.constant(np.ones(ins[0].shape, dtype=bool))]
     return [ins[0]]
 
 
@@ -83,8 +83,8 @@ def imp_clip(cx: Ctx, ins: list[Value | None]) -> list[Value]:
     if cx.opset < 11:
         lo, hi = cx.attr("min", -np.inf), cx.attr("max", np.inf)
     else:
-        lo = float(cx.const(ins[1], "min")) if len(ins) > 1 and ins[1] is not None else -np.inf
-        hi = float(cx.const(ins[2], "max")) if len(ins) > 2 and ins[2] is not None else np.inf
+        lo = float(cx.const(ins[1], "min").reshape(-1)[0]) if len(ins) > 1 and ins[1] is not None else -np.inf
+        hi = float(cx.const(ins[2], "max").reshape(-1)[0]) if len(ins) > 2 and ins[2] is not None else np.inf
     return [cx.add("Clip", ins[:1], min=float(lo), max=float(hi))]
 
 

@@ -85,11 +85,20 @@ class Ctx:
         return v.const
 
     def constant(self, array: np.ndarray) -> Value:
-        arr = np.ascontiguousarray(array)
+        arr = np.asarray(array, order="C")
         return Value(self.graph.fresh("const"), TensorType(arr.dtype.name, tuple(arr.shape)), const=arr)
 
     def add(self, op: str, inputs: Sequence[Value], **attrs: Any) -> Value:
-        return self.graph.add(op, list(inputs), attrs, name=self.name)[0]
+        """Append a core node — or, when all its inputs are constants, its value (folding at import)."""
+        from kiln.graph.ops import evaluate
+
+        out = self.graph.add(op, list(inputs), attrs, name=self.name)[0]
+        if inputs and all(v.const is not None for v in inputs):
+            vals = evaluate(op, [v.const for v in inputs], attrs)
+            if vals is not None:
+                self.graph.nodes.pop()
+                return self.constant(np.asarray(vals[0]).astype(out.dtype).reshape(out.shape))
+        return out
 
 
 def import_onnx(model: onnx.ModelProto | str | bytes | os.PathLike,
@@ -111,7 +120,7 @@ def import_onnx(model: onnx.ModelProto | str | bytes | os.PathLike,
             raise ModelError(f"initializer '{init.name}' cannot be read: {e}") from None
         if arr.dtype == np.float16:
             arr = arr.astype(np.float32)  # float16 storage is widened at import; compute is float32
-        env[init.name] = Value(init.name, TensorType(arr.dtype.name, tuple(arr.shape)), const=np.ascontiguousarray(arr))
+        env[init.name] = Value(init.name, TensorType(arr.dtype.name, tuple(arr.shape)), const=np.asarray(arr, order="C"))
     graph = Graph([], [], name=g.name or "main")
     shapes = dict(input_shapes or {})
     for inp in g.input:

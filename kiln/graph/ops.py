@@ -234,9 +234,9 @@ def _np_pad(x: np.ndarray, a: dict) -> np.ndarray:
 
 OPS["Reshape"] = OpDef(_reshape, lambda xs, a: [xs[0].reshape(a["shape"])], "data")
 OPS["Transpose"] = OpDef(lambda ts, a: [TensorType(ts[0].dtype, tuple(ts[0].shape[p] for p in a["perm"]))],
-                         lambda xs, a: [np.ascontiguousarray(np.transpose(xs[0], a["perm"]))], "data")
+                         lambda xs, a: [np.asarray(np.transpose(xs[0], a["perm"]), order="C")], "data")
 OPS["Concat"] = OpDef(_concat, lambda xs, a: [np.concatenate(xs, axis=a["axis"])], "data")
-OPS["Slice"] = OpDef(_slice, lambda xs, a: [np.ascontiguousarray(_np_slice(xs[0], a))], "data")
+OPS["Slice"] = OpDef(_slice, lambda xs, a: [np.asarray(_np_slice(xs[0], a), order="C")], "data")
 OPS["Gather"] = OpDef(_gather, lambda xs, a: [_np_gather(xs, a)], "data")
 OPS["Pad"] = OpDef(_pad, lambda xs, a: [_np_pad(xs[0], a)], "data")
 OPS["Expand"] = OpDef(lambda ts, a: [TensorType(ts[0].dtype, tuple(a["shape"]))],

@@ -11,7 +11,7 @@ from kiln.graph.ir import Graph, Node, TensorType, Value
 
 
 def _const(g: Graph, arr: np.ndarray, hint: str) -> Value:
-    arr = np.ascontiguousarray(arr.astype(np.float32))
+    arr = np.asarray(arr.astype(np.float32), order="C")
     return Value(g.fresh(hint), TensorType("float32", tuple(arr.shape)), const=arr)
 
 

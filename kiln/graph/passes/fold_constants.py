@@ -17,7 +17,7 @@ def fold_constants(g: Graph) -> Graph:
             vals = evaluate(n.op, [v.const for v in n.inputs], n.attrs)
             if vals is not None:
                 for out, val in zip(n.outputs, vals):
-                    out.const = np.ascontiguousarray(np.asarray(val).astype(out.dtype).reshape(out.shape))
+                    out.const = np.asarray(np.asarray(val).astype(out.dtype).reshape(out.shape), order="C")
                     out.producer = None
                 continue
         kept.append(n)
