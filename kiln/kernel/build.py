@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from kiln.graph.ir import Graph, Node, Value
 from kiln.graph.ops import OPS
-from kiln.kernel.ir import Buffer, Compute, Expr, Kernel, Load, Reduce, children, rebuild, substitute, walk
+from kiln.kernel.ir import Buffer, Compute, Const, Expr, Kernel, Load, Reduce, children, rebuild, substitute, walk
 from kiln.kernel.lower import Lowered, axes_for, lower_node
 
 VIEW_OPS = {"Reshape"}
@@ -89,6 +89,12 @@ def _count_loads(e: Expr, buf: str) -> int:
     return sum(_count_loads(k, buf) for k in children(e))
 
 
+def _same_point(index: tuple[Expr, ...], axes: tuple[Expr, ...], extents: tuple[int, ...]) -> bool:
+    """index addresses the point `axes` (a size-1 axis may be indexed by the literal 0)."""
+    return len(index) == len(axes) and all(
+        i == a or (n == 1 and isinstance(i, Const) and i.value == 0) for i, a, n in zip(index, axes, extents))
+
+
 def can_inline(prod: Group, cons: Group, consumer: Node, options: dict[str, bool]) -> bool:
     if not options.get("fusion", True):
         return False
@@ -105,7 +111,8 @@ def can_inline(prod: Group, cons: Group, consumer: Node, options: dict[str, bool
     loads = _loads_of(cons_last.body, last.out)
     return (options.get("fuse_epilogue", True) and OPS[consumer.op].kind in ("unary", "binary")
             and cons_last.store is None and cons_last.extents == last.extents
-            and len(loads) == 1 and loads[0].index == cons_last.axes and _count_loads(cons_last.body, last.out) == 1
+            and len(loads) == 1 and _same_point(loads[0].index, cons_last.axes, cons_last.extents)
+            and _count_loads(cons_last.body, last.out) == 1
             and not any(isinstance(x, Reduce) for x in walk(cons_last.body)))
 
 

@@ -20,9 +20,17 @@ class Expr:
     """Base of every expression; arithmetic operators build `Bin` nodes (tinygrad-style density)."""
     dtype: str
 
-    def _bin(self, op: str, other: Any, rev: bool = False) -> Bin:
+    def _bin(self, op: str, other: Any, rev: bool = False) -> Expr:
         o = other if isinstance(other, Expr) else Const(other, self.dtype)
-        return Bin(op, o, self) if rev else Bin(op, self, o)
+        a, b = (o, self) if rev else (self, o)
+        # peepholes that keep index expressions short and affine: x*1, x//1, x+0, x-0, 0+x, 1*x
+        if isinstance(b, Const) and not isinstance(b.value, bool) and self.dtype != "bool":
+            if (op in ("*", "//") and b.value == 1) or (op in ("+", "-") and b.value == 0):
+                return a
+        if isinstance(a, Const) and not isinstance(a.value, bool) and self.dtype != "bool":
+            if (op == "*" and a.value == 1) or (op == "+" and a.value == 0):
+                return b
+        return Bin(op, a, b)
 
     def __add__(self, o: Any) -> Expr:
         return self._bin("+", o)

@@ -49,8 +49,14 @@ def f(v: float, like: Expr) -> Const:
 
 
 # -- elementwise rules: core op → expression builder --------------------------------------------------------
+def _log1p(y: Expr) -> Expr:
+    """log(1 + y), accurate for tiny y too: log(u)·y/(u − 1) with u = 1 + y rounded (Goldberg's trick)."""
+    u = y + 1.0
+    return Select(cmp("==", u, 1.0), y, Un("log", u) * (y / (u - 1.0)))
+
+
 def _softplus(x: Expr) -> Expr:
-    return Select(cmp(">", x, 20.0), x, Un("log", Un("exp", x) + 1.0))
+    return Select(cmp(">", x, 20.0), x, _log1p(Un("exp", x)))
 
 
 UNARY: dict[str, Callable[[Expr, dict], Expr]] = {
@@ -66,6 +72,8 @@ UNARY: dict[str, Callable[[Expr, dict], Expr]] = {
     "Clip": lambda x, a: _clip(x, a["min"], a["max"]),
     "LeakyRelu": lambda x, a: Select(cmp(">=", x, 0.0), x, x * a["alpha"]),
     "Elu": lambda x, a: Select(cmp(">=", x, 0.0), x, (Un("exp", x) - 1.0) * a["alpha"]),
+    "Celu": lambda x, a: Select(cmp(">=", x, 0.0), x, (Un("exp", x * (1 / a["alpha"])) - 1.0) * a["alpha"]),
+    "ThresholdedRelu": lambda x, a: Select(cmp(">", x, a["alpha"]), x, f(0, x)),
     "HardSigmoid": lambda x, a: _clip(x * a["alpha"] + a["beta"], 0.0, 1.0),
     "HardSwish": lambda x, a: x * _clip(x * (1 / 6) + 0.5, 0.0, 1.0),
     "Mish": lambda x, a: x * Un("tanh", _softplus(x)),
@@ -93,12 +101,28 @@ def _cast(x: Expr, to: str) -> Expr:
 
 BINARY: dict[str, Callable[[Expr, Expr], Expr]] = {
     "Add": lambda a, b: a + b, "Sub": lambda a, b: a - b, "Mul": lambda a, b: a * b, "Div": lambda a, b: a / b,
-    "Pow": lambda a, b: Bin("pow", a, _cast(b, a.dtype)), "Max": maximum, "Min": minimum, "Mod": lambda a, b: a % b,
+    "Pow": lambda a, b: _pow(a, b), "Max": maximum, "Min": minimum,
     "PRelu": lambda a, b: Select(cmp(">=", a, 0.0), a, a * b),
     "Equal": lambda a, b: cmp("==", a, b), "Less": lambda a, b: cmp("<", a, b), "Greater": lambda a, b: cmp(">", a, b),
     "LessOrEqual": lambda a, b: cmp("<=", a, b), "GreaterOrEqual": lambda a, b: cmp(">=", a, b),
     "And": lambda a, b: Bin("and", a, b), "Or": lambda a, b: Bin("or", a, b), "Xor": lambda a, b: Bin("xor", a, b),
 }
+
+def _pow(a: Expr, b: Expr) -> Expr:
+    if a.dtype.startswith(("int", "uint")):  # integer powers go through double, as onnxruntime's do
+        return Cast(a.dtype, Bin("pow", Cast("float64", a), _cast(b, "float64")))
+    return Bin("pow", a, _cast(b, a.dtype))
+
+
+def _mod(a: Expr, b: Expr, fmod: int) -> Expr:
+    """fmod=1: C fmod/srem (the dividend's sign); fmod=0 (integers): moved by b when the signs differ."""
+    r = a % b
+    if fmod:
+        return r
+    zero = f(0, r)
+    wrong = Bin("and", cmp("!=", r, zero), Bin("xor", cmp("<", r, zero), cmp("<", b, zero)))
+    return Select(wrong, r + b, r)
+
 
 Lowering = Callable[[Node], Lowered]
 LOWERINGS: dict[str, Lowering] = {}
@@ -129,6 +153,13 @@ def lower_binary(n: Node) -> Lowered:
     y, ax = _out(n)
     a, b = (ld(v, bcast_index(v.shape, ax)) for v in n.inputs)
     return Lowered([Compute(y.name, ax, y.shape, BINARY[n.op](a, b))])
+
+
+@lowering("Mod")
+def lower_mod(n: Node) -> Lowered:
+    y, ax = _out(n)
+    a, b = (ld(v, bcast_index(v.shape, ax)) for v in n.inputs)
+    return Lowered([Compute(y.name, ax, y.shape, _mod(a, b, n.attrs["fmod"]))])
 
 
 @lowering("Where")

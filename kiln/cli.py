@@ -1,0 +1,181 @@
+"""`kiln compile / run / explain / bench / zoo` — the command line."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+
+def _model(spec: str):  # noqa: ANN202 - returns onnx.ModelProto
+    """`zoo:NAME` builds a built-in model; anything else is a path to an .onnx file."""
+    from kiln.frontend.onnx import load_model
+
+    if spec.startswith("zoo:"):
+        from kiln import zoo
+        return zoo.build(spec[4:])
+    return load_model(spec)
+
+
+def _feeds(exe, spec: str, inputs: list[str] | None) -> dict[str, np.ndarray]:  # noqa: ANN001
+    """Random seeded inputs (zoo's own where it has them), or .npy files `--input x.npy` / `name=x.npy`."""
+    feeds: dict[str, np.ndarray] = {}
+    for i, item in enumerate(inputs or []):
+        name, _, path = item.rpartition("=")
+        feeds[name or exe.input_names[i]] = np.load(path)
+    rng = np.random.default_rng(1)
+    for s in exe.inputs:
+        if s.name not in feeds:
+            if s.dtype.startswith("float"):
+                feeds[s.name] = rng.standard_normal(s.shape).astype(s.dtype)
+            elif s.dtype == "bool":
+                feeds[s.name] = rng.random(s.shape) < 0.5
+            else:
+                feeds[s.name] = rng.integers(0, 4, s.shape).astype(s.dtype)
+    return feeds
+
+
+def _options(args: argparse.Namespace) -> dict[str, bool]:
+    return {name: False for name in (args.disable or [])}
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    import kiln
+
+    t = time.perf_counter()
+    exe = kiln.compile(_model(args.model), num_threads=args.threads, cache=not args.no_cache, **_options(args))
+    exe.save(args.output)
+    print(f"compiled {args.model} in {time.perf_counter() - t:.2f} s → {args.output} "
+          f"({len(exe.kernel_names)} kernels, arena {exe.meta['arena_bytes'] / 2**20:.1f} MiB)")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import kiln
+
+    t = time.perf_counter()
+    if args.model.endswith(".kiln"):
+        exe, proto = kiln.load(args.model, num_threads=args.threads), None
+    else:
+        proto = _model(args.model)
+        exe = kiln.compile(proto, num_threads=args.threads, cache=not args.no_cache, **_options(args))
+    compile_s = time.perf_counter() - t
+    feeds = _feeds(exe, args.model, args.input)
+    outs = exe.run(feeds)
+    times = []
+    for _ in range(args.repeat):
+        t = time.perf_counter()
+        exe.run(feeds)
+        times.append(time.perf_counter() - t)
+    print(f"{args.model}: compile/load {compile_s:.2f} s, run median {np.median(times) * 1e3:.3f} ms "
+          f"over {args.repeat} runs ({exe.num_threads} threads)")
+    for name, o in zip(exe.output_names, outs):
+        print(f"  {name}: {o.dtype}{list(o.shape)}  mean {o.mean():.6g}  std {o.std():.6g}")
+    if args.output:
+        np.save(args.output, outs[0])
+    status = 0
+    if args.check:
+        if proto is None:
+            print("--check needs the ONNX model, not a .kiln file", file=sys.stderr)
+            return 2
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = exe.num_threads
+        ref = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+        for name, o, r in zip(exe.output_names, outs, ref):
+            err = float(np.abs(o.astype(np.float64) - r).max()) if o.size else 0.0
+            scale = float(np.abs(r).max()) if r.size else 0.0
+            rel = err / scale if scale else err
+            ok = rel <= args.rtol
+            status |= 0 if ok else 1
+            print(f"  check {name} vs onnxruntime: max abs err {err:.3g}, max rel err {rel:.3g} "
+                  f"→ {'OK' if ok else 'MISMATCH'} (rtol {args.rtol})")
+    if args.profile:
+        prof: dict[str, float] = {}
+        for _ in range(args.repeat):
+            exe.run(feeds, profile=prof)
+        total = sum(prof.values())
+        flops = dict(zip(exe.kernel_names, exe.meta.get("flops", [])))
+        print(f"  profile ({args.repeat} runs, per run): total {total / args.repeat * 1e3:.3f} ms")
+        for name, sec in sorted(prof.items(), key=lambda kv: -kv[1])[:args.top]:
+            per = sec / args.repeat
+            gf = flops.get(name, 0) / per / 1e9 if per > 0 else 0
+            print(f"    {name:32s} {per * 1e3:9.3f} ms  {100 * sec / total:5.1f}%" + (f"  {gf:7.1f} GFLOP/s" if gf else ""))
+    return status
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from kiln.explain import explain
+
+    print(explain(_model(args.model), node=args.node, stages=args.stage, num_threads=args.threads))
+    return 0
+
+
+def cmd_zoo(args: argparse.Namespace) -> int:
+    from kiln import zoo
+
+    for name in zoo.names():
+        print(name)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="kiln", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    def common(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("model", help="path to an .onnx file, or zoo:NAME (see `kiln zoo`)")
+        sp.add_argument("--threads", type=int, default=None, help="threads (default: all cores)")
+        sp.add_argument("--disable", action="append", metavar="OPTION",
+                        help="switch a pass/schedule option off (repeatable); see kiln.PASS_OPTIONS")
+        sp.add_argument("--no-cache", action="store_true", help="do not use the on-disk compile cache")
+
+    c = sub.add_parser("compile", help="compile a model to a .kiln file")
+    common(c)
+    c.add_argument("-o", "--output", required=True)
+    c.set_defaults(fn=cmd_compile)
+
+    r = sub.add_parser("run", help="compile (or load a .kiln) and run on random or given inputs")
+    common(r)
+    r.add_argument("--input", action="append", help="x.npy or name=x.npy (repeatable)")
+    r.add_argument("--output", help="save the first output as .npy")
+    r.add_argument("--check", action="store_true", help="compare with onnxruntime")
+    r.add_argument("--rtol", type=float, default=1e-3, help="--check tolerance: max abs err / max |ref|")
+    r.add_argument("--repeat", type=int, default=10)
+    r.add_argument("--profile", action="store_true", help="per-kernel time")
+    r.add_argument("--top", type=int, default=25, help="kernels shown by --profile")
+    r.set_defaults(fn=cmd_run)
+
+    e = sub.add_parser("explain", help="print the IR at every stage (graph, kernels, LLVM) for one node")
+    common(e)
+    e.add_argument("--node", help="node name (or op type) whose kernel and LLVM IR to show; default: the first")
+    e.add_argument("--stage", action="append", choices=["graph", "kernel", "llvm", "asm"],
+                   help="stages to print (repeatable; default: all)")
+    e.set_defaults(fn=cmd_explain)
+
+    z = sub.add_parser("zoo", help="list the built-in models")
+    z.set_defaults(fn=cmd_zoo)
+
+    try:
+        from kiln.bench import cli as bench_cli
+    except ImportError:
+        bench_cli = None
+    if bench_cli is not None:
+        b = sub.add_parser("bench", help="benchmark Kiln against other systems")
+        bench_cli.add_arguments(b)
+        b.set_defaults(fn=bench_cli.run)
+
+    args = p.parse_args(argv)
+    from kiln.errors import KilnError
+
+    try:
+        return args.fn(args)
+    except (KilnError, ValueError, FileNotFoundError) as e:
+        print(f"kiln: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""Runtime and error paths: feeds validation, save/load, the compile cache, threads, bad models."""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import kiln
+
+
+def small_model(op: str = "Relu", opset: int = 17, **attrs: object) -> onnx.ModelProto:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 19])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 19])
+    w = numpy_helper.from_array(np.linspace(-1, 1, 19, dtype=np.float32), "w")
+    nodes = [helper.make_node("Add", ["x", "w"], ["t"], name="add0"), helper.make_node(op, ["t"], ["y"], name="act0", **attrs)]
+    g = helper.make_graph(nodes, "small", [x], [y], [w])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+
+
+@pytest.fixture()
+def exe() -> kiln.Executable:
+    return kiln.compile(small_model(), num_threads=2, cache=False)
+
+
+def test_runs_and_matches_numpy(exe: kiln.Executable) -> None:
+    x = np.random.default_rng(0).standard_normal((2, 19)).astype(np.float32)
+    (y,) = exe.run({"x": x})
+    np.testing.assert_allclose(y, np.maximum(x + np.linspace(-1, 1, 19, dtype=np.float32), 0), rtol=1e-6)
+
+
+@pytest.mark.parametrize("feeds, message", [
+    ({"z": np.zeros((2, 19), np.float32)}, "unknown input name"),
+    ({}, "missing input 'x'"),
+    ({"x": np.zeros((2, 18), np.float32)}, "expected [2, 19]"),
+    ({"x": np.zeros((2, 19), np.float64)}, "expected float32"),
+])
+def test_bad_feeds_say_what_was_expected(exe: kiln.Executable, feeds: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        exe.run(feeds)
+
+
+def test_non_contiguous_input_is_accepted(exe: kiln.Executable) -> None:
+    x = np.random.default_rng(1).standard_normal((19, 2)).astype(np.float32).T
+    (y,) = exe.run({"x": x})
+    np.testing.assert_allclose(y, np.maximum(x + np.linspace(-1, 1, 19, dtype=np.float32), 0), rtol=1e-6)
+
+
+def test_save_and_load_without_recompiling(exe: kiln.Executable, tmp_path) -> None:  # noqa: ANN001
+    path = str(tmp_path / "m.kiln")
+    exe.save(path)
+    x = np.random.default_rng(2).standard_normal((2, 19)).astype(np.float32)
+    loaded = kiln.load(path)
+    np.testing.assert_array_equal(loaded.run({"x": x})[0], exe.run({"x": x})[0])
+    assert loaded.input_names == ["x"] and loaded.output_names == ["y"]
+
+
+def test_load_rejects_garbage(tmp_path) -> None:  # noqa: ANN001
+    p = tmp_path / "bad.kiln"
+    p.write_bytes(b"not a zip")
+    with pytest.raises(ValueError, match="not a saved Kiln executable"):
+        kiln.load(str(p))
+
+
+def test_compile_cache_hit_is_fast_and_equal(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    from kiln import zoo
+    model = zoo.build("resnet18")
+    t = time.perf_counter()
+    a = kiln.compile(model, num_threads=2)
+    cold = time.perf_counter() - t
+    t = time.perf_counter()
+    b = kiln.compile(model, num_threads=2)
+    warm = time.perf_counter() - t
+    assert len(os.listdir(tmp_path)) == 1
+    feeds = zoo.inputs("resnet18")
+    np.testing.assert_array_equal(a.run(feeds)[0], b.run(feeds)[0])
+    assert warm < cold  # the second compile loads the cached object instead of running LLVM
+    c = kiln.compile(model, num_threads=2, fusion=False)  # other options: another cache entry
+    assert len(os.listdir(tmp_path)) == 2
+    np.testing.assert_allclose(c.run(feeds)[0], a.run(feeds)[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_thread_counts_agree(threads: int) -> None:
+    from kiln import zoo
+    model, feeds = zoo.build("conv_r50_3x3"), zoo.inputs("conv_r50_3x3")
+    ref = kiln.compile(model, num_threads=1, cache=False).run(feeds)[0]
+    out = kiln.compile(model, num_threads=threads, cache=False).run(feeds)[0]
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_unknown_option_is_rejected() -> None:
+    with pytest.raises(TypeError, match="unknown compile option"):
+        kiln.compile(small_model(), cache=False, make_it_fast=True)
+
+
+# -- bad models: a clear error at compile time ------------------------------------------------------------------
+def test_unsupported_op_names_op_node_and_opset() -> None:
+    with pytest.raises(kiln.UnsupportedOperator) as e:
+        kiln.compile(small_model("Hardmax"), cache=False)
+    assert e.value.op_type == "Hardmax" and e.value.node_name == "act0" and e.value.opset == 17
+    assert "Hardmax" in str(e.value) and "act0" in str(e.value) and "17" in str(e.value)
+
+
+def test_unsupported_domain() -> None:
+    m = small_model()
+    m.graph.node[1].domain = "com.example"
+    with pytest.raises(kiln.UnsupportedOperator, match="com.example"):
+        kiln.compile(m, cache=False)
+
+
+def test_truncated_file_is_a_model_error(tmp_path) -> None:  # noqa: ANN001
+    p = tmp_path / "cut.onnx"
+    p.write_bytes(small_model().SerializeToString()[:-7])
+    with pytest.raises(kiln.ModelError, match="cannot parse"):
+        kiln.compile(str(p), cache=False)
+
+
+def test_missing_file() -> None:
+    with pytest.raises(kiln.ModelError, match="no such model file"):
+        kiln.compile("/nonexistent/model.onnx", cache=False)
+
+
+def test_missing_initializer_is_a_model_error() -> None:
+    m = small_model()
+    del m.graph.initializer[:]
+    with pytest.raises(kiln.ModelError, match="reads 'w'"):
+        kiln.compile(m, cache=False)
+
+
+def test_nodes_out_of_order_are_a_model_error() -> None:
+    m = small_model()
+    nodes = list(m.graph.node)[::-1]
+    del m.graph.node[:]
+    m.graph.node.extend(nodes)
+    with pytest.raises(kiln.ModelError, match="topological"):
+        kiln.compile(m, cache=False)
+
+
+def test_opset_out_of_range() -> None:
+    with pytest.raises(kiln.UnsupportedOperator, match="opset"):
+        kiln.compile(small_model(opset=5), cache=False)
+
+
+def test_shape_mismatch_is_a_model_error() -> None:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    w = numpy_helper.from_array(np.ones((4, 5), np.float32), "w")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g", [x], [y], [w])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(kiln.ModelError, match="MatMul inner dimensions"):
+        kiln.compile(m, cache=False)
+
+
+def test_symbolic_input_needs_a_shape_and_then_compiles() -> None:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 19])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 19])
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(ValueError, match="symbolic dimensions"):
+        kiln.compile(m, cache=False)
+    exe = kiln.compile(m, cache=False, input_shapes={"x": (3, 19)})
+    x = np.random.default_rng(3).standard_normal((3, 19)).astype(np.float32)
+    np.testing.assert_array_equal(exe.run({"x": x})[0], np.maximum(x, 0))
+
+
+def test_output_that_is_an_input_or_view_is_copied() -> None:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6])
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("same", "flat", "same2")]
+    shape = numpy_helper.from_array(np.array([3, 4], np.int64), "shape")
+    nodes = [helper.make_node("Identity", ["x"], ["same"]), helper.make_node("Reshape", ["x", "shape"], ["flat"]),
+             helper.make_node("Identity", ["x"], ["same2"])]
+    m = helper.make_model(helper.make_graph(nodes, "g", [x], outs, [shape]),
+                          opset_imports=[helper.make_opsetid("", 17)])
+    xv = np.arange(12, dtype=np.float32).reshape(2, 6)
+    a, b, c = kiln.compile(m, cache=False).run({"x": xv})
+    np.testing.assert_array_equal(a, xv)
+    np.testing.assert_array_equal(b, xv.reshape(3, 4))
+    np.testing.assert_array_equal(c, xv)
