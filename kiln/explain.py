@@ -21,8 +21,9 @@ def _function_text(llvm: str, name: str) -> str:
 
 
 def _asm_of(asm: str, name: str) -> str:
-    m = re.search(r"^\"?" + re.escape(name) + r"\"?:.*?(?=^\s*\.Lfunc_end)", asm, re.M | re.S)
-    return m.group(0) if m else f"(assembly of {name} not found)"
+    """The assembly of a kernel function and its outlined parallel workers."""
+    found = re.findall(r"^\"?" + re.escape(name) + r"(?:\.par\d+)?\"?:.*?(?=^\s*\.Lfunc_end)", asm, re.M | re.S)
+    return "\n".join(found) or f"(assembly of {name} not found)"
 
 
 def explain(model: onnx.ModelProto, node: str | None = None, stages: list[str] | None = None,

@@ -230,6 +230,14 @@ class ExprEmitter:
         return val
 
     def binary(self, e: Bin) -> tuple[ir.Value, bool]:
+        if e.op == "+" and is_float(e.dtype):  # a*b + c → one fused multiply-add (llvm.fmuladd: FMA where it exists)
+            for prod, other in ((e.a, e.b), (e.b, e.a)):
+                if isinstance(prod, Bin) and prod.op == "*":
+                    x, y, v1 = self.both(self.ev(prod.a), self.ev(prod.b))
+                    p, c, vec = self.both((x, v1), self.ev(other))
+                    if vec and not v1:
+                        x, y = self.splat(x), self.splat(y)
+                    return self.intrinsic("llvm.fmuladd", c.type, [x, y, c]), vec
         a, b, vec = self.both(self.ev(e.a), self.ev(e.b))
         dt, fl, op = e.a.dtype, is_float(e.a.dtype), e.op
         B = self.b
