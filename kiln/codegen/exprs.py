@@ -75,7 +75,8 @@ def flat_index(index: tuple[Expr, ...], shape: tuple[int, ...]) -> Expr:
 class VectorCtx:
     var: Var
     lanes: int
-    base: ir.Value  # i64 index of lane 0
+    base: ir.Value               # i64 index of lane 0
+    mask: ir.Value | None = None  # <lanes x i1> on a masked remainder iteration
 
 
 class ExprEmitter:
@@ -91,8 +92,8 @@ class ExprEmitter:
     def vtype(self, t: ir.Type) -> ir.Type:
         return ir.VectorType(t, self.vec.lanes) if self.vec else t
 
-    def splat(self, x: ir.Value) -> ir.Value:
-        n = self.vec.lanes
+    def splat(self, x: ir.Value, lanes: int | None = None) -> ir.Value:
+        n = lanes or self.vec.lanes
         undef = ir.Constant(ir.VectorType(x.type, n), ir.Undefined)
         v = self.b.insert_element(undef, x, ir.Constant(I32, 0))
         return self.b.shuffle_vector(v, undef, ir.Constant(ir.VectorType(I32, n), [0] * n))
@@ -110,7 +111,7 @@ class ExprEmitter:
 
     @staticmethod
     def _tname(t: ir.Type) -> str:
-        return {F32: "f32", F64: "f64"}.get(t, str(t))
+        return "f32" if t == F32 else "f64" if t == F64 else str(t)
 
     def libcall_scalarized(self, name: str, x: ir.Value, is_vec: bool) -> ir.Value:
         """A libm function with no LLVM intrinsic (erf): call it per lane."""
@@ -135,7 +136,7 @@ class ExprEmitter:
                 return self.b.add(self.splat(self.vec.base), ir.Constant(ir.VectorType(I64, n), list(range(n)))), True
             return self.env[e.name], False
         if isinstance(e, LocalRef):
-            ptr, vec = self.locals[e.name]
+            ptr, vec = self.local_slot(e.name, e.slot)
             return self.b.load(ptr, typ=ptr.allocated_type), vec
         if isinstance(e, Load):
             return self.load(e)
@@ -156,6 +157,16 @@ class ExprEmitter:
         if isinstance(e, Reduce):
             raise AssertionError("Reduce must be hoisted before codegen")
         raise TypeError(f"cannot emit {type(e).__name__}")
+
+    def local_slot(self, name: str, slot: Expr | None) -> tuple[ir.Value, bool]:
+        """The alloca of a local, or of one accumulator of a register tile (slot: constant once unrolled)."""
+        ptrs, vec = self.locals[name]
+        if slot is None:
+            return ptrs[0], vec
+        i = self.ev(slot)[0]
+        if not isinstance(i, ir.Constant):
+            raise AssertionError(f"register-tile slot of ${name} is not constant: unroll its loop")
+        return ptrs[int(i.constant)], vec
 
     def const(self, e: Const) -> ir.Value:
         t = SCALAR[e.dtype]
@@ -179,21 +190,28 @@ class ExprEmitter:
             idx, _ = self.ev(flat) if not self.vec else self._uniform(flat)
             val = self.b.load(self.b.gep(ptr, [idx], source_etype=mt), typ=mt, align=align)
             return self._from_memory(val, dtype), False
+        n = self.vec.lanes
+        vt = ir.VectorType(mt, n)
+        mask = self.vec.mask
         if c == 1:
-            base = self._at_base(flat)
-            p = self.b.gep(ptr, [base], source_etype=mt)
-            val = self.b.load(p, typ=ir.VectorType(mt, self.vec.lanes), align=align)
+            p = self.b.gep(ptr, [self._at_base(flat)], source_etype=mt)
+            if mask is None:
+                val = self.b.load(p, typ=vt, align=align)
+            else:
+                fn = self._decl(f"llvm.masked.load.v{n}{self._tname(mt)}.p0", vt, [PTR, I32, ir.VectorType(I1, n), vt])
+                val = self.b.call(fn, [p, ir.Constant(I32, align), mask, ir.Constant(vt, None)])
             return self._from_memory(val, dtype), True
         idx, _ = self.ev(flat)
         ptrs = self.lane_pointers(ptr, idx, mt)
-        n = self.vec.lanes
-        vt = ir.VectorType(mt, n)
-        name = f"llvm.masked.gather.v{n}{self._tname(mt) if mt in (F32, F64) else str(mt)}.v{n}p0"
-        fn = self.m.globals.get(name) or ir.Function(
-            self.m, ir.FunctionType(vt, [ir.VectorType(PTR, n), I32, ir.VectorType(I1, n), vt]), name)
-        val = self.b.call(fn, [ptrs, ir.Constant(I32, align), ir.Constant(ir.VectorType(I1, n), [1] * n),
-                               ir.Constant(vt, ir.Undefined)])
+        fn = self._decl(f"llvm.masked.gather.v{n}{self._tname(mt)}.v{n}p0", vt,
+                        [ir.VectorType(PTR, n), I32, ir.VectorType(I1, n), vt])
+        all_on = ir.Constant(ir.VectorType(I1, n), [1] * n)
+        val = self.b.call(fn, [ptrs, ir.Constant(I32, align), mask if mask is not None else all_on,
+                               ir.Constant(vt, None)])
         return self._from_memory(val, dtype), True
+
+    def _decl(self, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
+        return self.m.globals.get(name) or ir.Function(self.m, ir.FunctionType(ret, args), name)
 
     def lane_pointers(self, ptr: ir.Value, idx: ir.Value, mt: ir.Type) -> ir.Value:
         """<n x ptr> = ptr + idx * sizeof(elem) (llvmlite's gep cannot type a vector-of-pointers result)."""

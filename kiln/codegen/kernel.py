@@ -9,7 +9,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from kiln.codegen.exprs import I32, I64, MEMORY, PTR, SCALAR, ExprEmitter, VectorCtx, coef, flat_index
-from kiln.kernel.ir import Assign, Const, Kernel, Local, Loop, Stmt, Store
+from kiln.kernel.ir import Assign, Const, If, Kernel, Local, Loop, Stmt, Store
 
 NTHREADS_GLOBAL = "kiln.nthreads"
 
@@ -60,14 +60,20 @@ class KernelEmitter:
                 self.store(b, em, s)
             elif isinstance(s, Local):
                 t = SCALAR[s.dtype]
-                ptr = self.entry_alloca(b, em.vtype(t))
-                em.locals[s.name] = (ptr, em.vec is not None)
+                ptrs = [self.entry_alloca(b, em.vtype(t)) for _ in range(s.count)]
+                em.locals[s.name] = (ptrs, em.vec is not None)
                 v, is_vec = em.ev(s.init)
-                b.store(em.splat(v) if em.vec and not is_vec else v, ptr)
+                for ptr in ptrs:
+                    b.store(em.splat(v) if em.vec and not is_vec else v, ptr)
             elif isinstance(s, Assign):
-                ptr, vec = em.locals[s.name]
+                ptr, vec = em.local_slot(s.name, s.slot)
                 v, is_vec = em.ev(s.value)
                 b.store(em.splat(v) if vec and not is_vec else v, ptr)
+            elif isinstance(s, If):
+                c, is_vec = em.ev(s.cond)
+                assert not is_vec, "If conditions must be uniform"
+                with b.if_then(c):
+                    self.stmts(b, em, s.body)
 
     def entry_alloca(self, b: ir.IRBuilder, t: ir.Type) -> ir.Value:
         """Allocas in the entry block so mem2reg turns accumulators into registers."""
@@ -90,21 +96,25 @@ class KernelEmitter:
         if not is_vec:
             val = em.splat(val)
         c = coef(flat, em.vec.var)
+        n, mask = em.vec.lanes, em.vec.mask
         if c == 1:
-            b.store(val, b.gep(ptr, [em._at_base(flat)], source_etype=mt), align=align)
+            p = b.gep(ptr, [em._at_base(flat)], source_etype=mt)
+            if mask is None:
+                b.store(val, p, align=align)
+            else:
+                vt = ir.VectorType(mt, n)
+                b.call(em._decl(f"llvm.masked.store.v{n}{em._tname(mt)}.p0", ir.VoidType(),
+                                [vt, PTR, I32, ir.VectorType(ir.IntType(1), n)]),
+                       [val, p, ir.Constant(I32, align), mask])
             return
         if c == 0:
             raise AssertionError(f"vectorized store to a uniform address in {self.k.name}: bad schedule")
         idx, _ = em.ev(flat)
-        n = em.vec.lanes
         ptrs = em.lane_pointers(ptr, idx, mt)
-        tn = {"float32": "f32", "float64": "f64"}.get(dtype, str(mt))
-        name = f"llvm.masked.scatter.v{n}{tn}.v{n}p0"
-        vt = ir.VectorType(mt, n)
-        fn = self.m.globals.get(name) or ir.Function(
-            self.m, ir.FunctionType(ir.VoidType(), [vt, ir.VectorType(PTR, n), I32, ir.VectorType(ir.IntType(1), n)]),
-            name)
-        b.call(fn, [val, ptrs, ir.Constant(I32, align), ir.Constant(ir.VectorType(ir.IntType(1), n), [1] * n)])
+        vt, mt1 = ir.VectorType(mt, n), ir.VectorType(ir.IntType(1), n)
+        fn = em._decl(f"llvm.masked.scatter.v{n}{em._tname(mt)}.v{n}p0", ir.VoidType(),
+                      [vt, ir.VectorType(PTR, n), I32, mt1])
+        b.call(fn, [val, ptrs, ir.Constant(I32, align), mask if mask is not None else ir.Constant(mt1, [1] * n)])
 
     def counted(self, b: ir.IRBuilder, lo: ir.Value, hi: ir.Value, step: int, body) -> None:  # noqa: ANN001
         """for (i = lo; i < hi; i += step) body(i)"""
@@ -140,6 +150,15 @@ class KernelEmitter:
                 self.stmts(b, em, s.body)
                 em.vec = None
             self.counted(b, lo, main_end, n, vbody)
+            if s.masked:  # the remainder as one masked vector iteration
+                rem = b.sub(hi, main_end)
+                with b.if_then(b.icmp_signed(">", rem, ir.Constant(I64, 0))):
+                    lanes = ir.Constant(ir.VectorType(I64, n), list(range(n)))
+                    mask = b.icmp_signed("<", lanes, em.splat(rem, n))
+                    em.vec = VectorCtx(s.var, n, main_end, mask)
+                    self.stmts(b, em, s.body)
+                    em.vec = None
+                return
             lo = main_end
 
         def sbody(i: ir.Value) -> None:

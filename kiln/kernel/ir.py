@@ -155,12 +155,14 @@ class Cast(Expr):
 
 @dataclass(frozen=True, repr=False)
 class LocalRef(Expr):
-    """Reads a mutable local (an accumulator) declared by `Local`."""
+    """Reads a mutable local (an accumulator) declared by `Local`; `slot` picks one of an array of
+    accumulators (a register tile) and must be a constant once unrolled."""
     name: str
     dtype: str = "float32"
+    slot: Expr | None = None
 
     def __repr__(self) -> str:
-        return f"${self.name}"
+        return f"${self.name}" + (f"[{self.slot!r}]" if self.slot is not None else "")
 
 
 @dataclass(frozen=True, repr=False)
@@ -301,12 +303,14 @@ class Compute:
 class Loop:
     """for var in [0, extent): body. kind: serial | parallel | vector | unroll.
 
-    `vector` loops are emitted as `lanes`-wide vectors with a scalar remainder."""
+    `vector` loops are emitted as `lanes`-wide vectors with a scalar remainder, or, when `masked`, with
+    one masked vector iteration for the remainder (AVX-512 k-masks; no scalar code)."""
     var: Var
     extent: Expr
     body: list[Stmt]
     kind: str = "serial"
     lanes: int = 1
+    masked: bool = False
 
 
 @dataclass
@@ -318,19 +322,27 @@ class Store:
 
 @dataclass
 class Local:
-    """Declare a mutable accumulator and initialize it."""
+    """Declare a mutable accumulator (or `count` of them: a register tile) and initialize it."""
     name: str
     dtype: str
     init: Expr
+    count: int = 1
 
 
 @dataclass
 class Assign:
     name: str
     value: Expr
+    slot: Expr | None = None
 
 
-Stmt = Union[Loop, Store, Local, Assign]
+@dataclass
+class If:
+    cond: Expr
+    body: list[Stmt]
+
+
+Stmt = Union[Loop, Store, Local, Assign, If]
 
 
 @dataclass
@@ -365,13 +377,19 @@ def format_stmts(stmts: list[Stmt], depth: int) -> list[str]:
     out = []
     for s in stmts:
         if isinstance(s, Loop):
-            tag = "" if s.kind == "serial" else f" {s.kind}" + (f"<{s.lanes}>" if s.kind == "vector" else "")
+            tag = "" if s.kind == "serial" else f" {s.kind}" + (f"<{s.lanes}>" if s.kind == "vector" else "") + \
+                (" masked" if s.masked else "")
             out.append(f"{pad}for {s.var.name} in 0..{s.extent!r}{tag}:")
             out += format_stmts(s.body, depth + 1)
         elif isinstance(s, Store):
             out.append(f"{pad}{s.buf}[{', '.join(map(repr, s.index))}] = {s.value!r}")
         elif isinstance(s, Local):
-            out.append(f"{pad}local ${s.name}: {s.dtype} = {s.init!r}")
+            arr = f"[{s.count}]" if s.count > 1 else ""
+            out.append(f"{pad}local ${s.name}{arr}: {s.dtype} = {s.init!r}")
         elif isinstance(s, Assign):
-            out.append(f"{pad}${s.name} = {s.value!r}")
+            slot = f"[{s.slot!r}]" if s.slot is not None else ""
+            out.append(f"{pad}${s.name}{slot} = {s.value!r}")
+        elif isinstance(s, If):
+            out.append(f"{pad}if {s.cond!r}:")
+            out += format_stmts(s.body, depth + 1)
     return out

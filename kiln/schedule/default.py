@@ -9,6 +9,7 @@ import numpy as np
 
 from kiln.kernel.ir import Compute, Const, Kernel, Load, Loop, Reduce, Stmt, walk
 from kiln.schedule.primitives import compute_to_loops, fuse, parallel, split, vectorize
+from kiln.schedule.tile import choose_tile, tile_compute
 from kiln.target import Target
 
 PARALLEL_MIN_WORK = 1 << 15  # below this many inner iterations a fork/join costs more than it saves
@@ -21,6 +22,10 @@ def _elem_bits(k: Kernel, c: Compute) -> int:
 
 def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
                      options: dict[str, bool]) -> list[Stmt]:
+    if options.get("register_tile", True) and options.get("vectorize", True):
+        shape = choose_tile(k, c, target)
+        if shape is not None:
+            return tile_compute(c, shape, tag, threads)
     nest = compute_to_loops(c, tag)
     if not c.axes:
         return nest

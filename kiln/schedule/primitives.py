@@ -4,7 +4,7 @@ Loop nests are lists of `Loop`/`Store`/`Local`/`Assign` (kiln.kernel.ir). Each p
 shows the nest before and after, TVM-style."""
 from __future__ import annotations
 
-from kiln.kernel.ir import (Assign, Compute, Const, Expr, Local, LocalRef, Loop, Reduce, Stmt, Store, Var,
+from kiln.kernel.ir import (Assign, Compute, Const, Expr, If, Local, LocalRef, Loop, Reduce, Stmt, Store, Var,
                             init_value, substitute, walk)
 
 
@@ -49,13 +49,16 @@ def rename(stmts: list[Stmt], mapping: dict[Expr, Expr]) -> list[Stmt]:
     out: list[Stmt] = []
     for s in stmts:
         if isinstance(s, Loop):
-            out.append(Loop(s.var, substitute(s.extent, mapping), rename(s.body, mapping), s.kind, s.lanes))
+            out.append(Loop(s.var, substitute(s.extent, mapping), rename(s.body, mapping), s.kind, s.lanes, s.masked))
         elif isinstance(s, Store):
             out.append(Store(s.buf, tuple(substitute(e, mapping) for e in s.index), substitute(s.value, mapping)))
         elif isinstance(s, Assign):
-            out.append(Assign(s.name, substitute(s.value, mapping)))
+            out.append(Assign(s.name, substitute(s.value, mapping),
+                              None if s.slot is None else substitute(s.slot, mapping)))
+        elif isinstance(s, If):
+            out.append(If(substitute(s.cond, mapping), rename(s.body, mapping)))
         else:
-            out.append(Local(s.name, s.dtype, substitute(s.init, mapping)))
+            out.append(Local(s.name, s.dtype, substitute(s.init, mapping), s.count))
     return out
 
 

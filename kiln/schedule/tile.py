@@ -1,0 +1,123 @@
+"""Register tiling for reductions that have a shared vector operand (MatMul, Conv): the direct-emission
+GEMM/convolution schedule.
+
+For out[.., m, .., n] = epilogue(Σ_r body(m, n, r)) with n the innermost (contiguous) axis, pick an axis
+m such that some load in `body` varies with n but not with m (the shared operand: B[k, n] in a MatMul,
+the input row in an NCHW conv) and some load varies with m but not n (the broadcast operand: A[m, k], the
+weights). Then an MR×NR tile of outputs lives in MR·NR/lanes vector registers for the whole reduction:
+
+    parallel for (others, no, mo):                       # others: remaining output axes
+      for ni in 0..min(NR, N − no·NR) vector<NR> masked: # one NR-wide tile column, masked at the edge
+        local $acc[MR] = 0
+        for r…:                                          # the reduction, in its own order
+          for mi in 0..MR unroll:
+            $acc[mi] += body(m = min(mo·MR + mi, M−1), n = no·NR + ni, r)
+        for mi in 0..MR unroll:
+          if mo·MR + mi < M: out[m, n] = epilogue($acc[mi])
+
+Each reduction step loads the shared operand once (NR/lanes vector loads) and reuses it for MR FMAs."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kiln.kernel.ir import (Assign, Compute, Const, Expr, If, Kernel, Load, Local, LocalRef, Loop, Reduce, Stmt,
+                            Store, Var, cmp, init_value, minimum, substitute, walk)
+from kiln.schedule.primitives import combine
+from kiln.target import Target
+
+
+@dataclass(frozen=True)
+class TileShape:
+    m_axis: int
+    n_axis: int
+    mr: int
+    nr: int
+    lanes: int
+
+
+def _depends(e: Expr, v: Var) -> bool:
+    return any(x == v for x in walk(e))
+
+
+def choose_tile(k: Kernel, c: Compute, target: Target) -> TileShape | None:
+    reds = [e for e in walk(c.body) if isinstance(e, Reduce)]
+    if len(reds) != 1 or reds[0].op != "sum" or len(c.axes) < 2 or c.store is not None:
+        return None
+    red = reds[0]
+    if red.dtype != "float32":
+        return None
+    n_axis = len(c.axes) - 1
+    nv, n_ext = c.axes[n_axis], c.extents[n_axis]
+    if n_ext < 4:
+        return None
+    loads = [e for e in walk(red.body) if isinstance(e, Load)]
+    best: tuple[int, int] | None = None
+    for ai, (v, ext) in enumerate(zip(c.axes[:-1], c.extents[:-1])):
+        if ext < 2:
+            continue
+        shared = any(_depends(ld, nv) and not _depends(ld, v) for ld in loads)
+        bcast = any(_depends(ld, v) and not _depends(ld, nv) for ld in loads)
+        if shared and bcast and (best is None or ext > best[1]):
+            best = (ai, ext)
+    if best is None:
+        return None
+    lanes = target.lanes(32)
+    regs = target.vector_registers
+    # NR: 1–3 vectors, whichever wastes the fewest lanes on n's edge (ties → wider); MR fills the registers
+    options = []
+    for nvec in (2, 1, 3):
+        nr = nvec * lanes
+        eff = n_ext / (-(-n_ext // nr) * nr)
+        options.append((round(eff, 2), nvec == 2, nr, nvec))
+    _, _, nr, nvec = max(options)
+    mr = max(1, min((regs - nvec - 2) // nvec, best[1], 16))
+    return TileShape(best[0], n_axis, mr, nr, lanes)
+
+
+def tile_compute(c: Compute, t: TileShape, tag: str, threads: int) -> list[Stmt]:
+    red = next(e for e in walk(c.body) if isinstance(e, Reduce))
+    m_v, n_v = c.axes[t.m_axis], c.axes[t.n_axis]
+    M, N = c.extents[t.m_axis], c.extents[t.n_axis]
+    mo, no, mi, ni = Var(f"{m_v.name}o"), Var(f"{n_v.name}o"), Var(f"{m_v.name}i"), Var(f"{n_v.name}i")
+    others = [(v, e) for i, (v, e) in enumerate(zip(c.axes, c.extents)) if i not in (t.m_axis, t.n_axis)]
+    n_mo, n_no = -(-M // t.mr), -(-N // t.nr)
+    # one parallel loop over (others…, no, mo): mo fastest, so consecutive tiles share the n-panel
+    extents = [e for _, e in others] + [n_no, n_mo]
+    total = int(np.prod(extents))
+    flat = Var(f"tile{tag}")
+    decode: dict[Expr, Expr] = {}
+    stride = 1
+    for v, e in reversed(list(zip([v for v, _ in others] + [no, mo], extents))):
+        decode[v] = (flat // stride) % e if stride > 1 else flat % e
+        stride *= e
+    m_expr = mo * t.mr + mi
+    n_expr = no * t.nr + ni
+    acc = f"acc{tag}"
+    clamped = {m_v: minimum(m_expr, Const(M - 1, "int64")), n_v: n_expr}
+    update: Stmt = Loop(mi, Const(t.mr, "int64"),
+                        [Assign(acc, combine("sum", LocalRef(acc, red.dtype, mi), substitute(red.body, clamped)), mi)],
+                        "unroll")
+    for v, e in reversed(red.axes):
+        update = Loop(v, Const(e, "int64"), [update])
+    out_idx = substitute_all(c.store_index, {m_v: m_expr, n_v: n_expr})
+    epilogue = substitute(c.body, {red: LocalRef(acc, red.dtype, mi), m_v: m_expr, n_v: n_expr})
+    store: Stmt = Store(c.out, out_idx, epilogue)
+    if M % t.mr:
+        store = If(cmp("<", m_expr, Const(M, "int64")), [store])
+    tile = Loop(ni, minimum(Const(t.nr, "int64"), Const(N, "int64") - no * t.nr) if N % t.nr else Const(t.nr, "int64"),
+                [Local(acc, red.dtype, init_value("sum", red.dtype), t.mr), update,
+                 Loop(mi, Const(t.mr, "int64"), [store], "unroll")], "vector", t.nr, masked=True)
+    body = rename_tile([tile], decode)
+    kind = "parallel" if threads > 1 and total > 1 else "serial"
+    return [Loop(flat, Const(total, "int64"), body, kind)]
+
+
+def substitute_all(index: tuple[Expr, ...], mapping: dict[Expr, Expr]) -> tuple[Expr, ...]:
+    return tuple(substitute(i, mapping) for i in index)
+
+
+def rename_tile(stmts: list[Stmt], mapping: dict[Expr, Expr]) -> list[Stmt]:
+    from kiln.schedule.primitives import rename
+    return rename(stmts, mapping)
