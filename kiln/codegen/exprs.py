@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 from llvmlite import ir
 
+from kiln.codegen.mathfn import VectorMath
 from kiln.kernel.ir import Bin, Cast, Const, Expr, Load, LocalRef, Reduce, Select, Un, Var
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
@@ -297,6 +298,8 @@ class ExprEmitter:
             raise TypeError(f"{op} on {e.a.dtype}")
         if op == "neg":
             return B.fneg(x), vec
+        if vec and x.type.element == F32 and op in ("exp", "erf", "tanh", "sigmoid"):
+            return getattr(VectorMath(B, self.intrinsic), op)(x), vec
         if op == "sigmoid":
             one = self._fconst(x.type, 1.0)
             return B.fdiv(one, B.fadd(one, self.intrinsic("llvm.exp", x.type, [B.fneg(x)]))), vec
