@@ -1,0 +1,160 @@
+"""`kiln bench`: measure Kiln against the peers on a suite of workloads, then report.
+
+    kiln bench --suite quick --systems kiln,onnxruntime --threads 2 --json out.json --html out.html
+    python -m kiln.bench --suite kernels --strategy kiln=direct,ukernel --strategy iree=all
+
+Exit code: 0 when the run completed, 1 when Kiln itself computed a wrong result, 2 on bad usage.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import sys
+from typing import Any
+
+from . import workloads as wl
+
+DEFAULT_THREADS = min(2, os.cpu_count() or 1)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--suite", default="quick", choices=list(wl.SUITES), help="workload suite")
+    p.add_argument("--workloads", help="comma-separated workload names (instead of the suite)")
+    p.add_argument("--systems", help="comma-separated systems (default: kiln and every peer); "
+                   "'pkg.module:Class' names a system outside the project")
+    p.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="threads for every system")
+    p.add_argument("--json", metavar="F", help="write the records as JSON")
+    p.add_argument("--html", metavar="F", help="write a self-contained HTML report")
+    p.add_argument("--md", metavar="F", help="write the Markdown tables to a file too")
+    p.add_argument("--ablate", action="store_true",
+                   help="also measure Kiln with each of kiln.PASS_OPTIONS switched off in turn")
+    p.add_argument("--strategy", action="append", default=[], metavar="SPEC",
+                   help="'all' (every strategy of every system) or 'system=s1,s2' or 'system=all'; "
+                   "repeatable. Default: every Kiln strategy, the first of each peer")
+    p.add_argument("--repeat", type=int, default=10, help="interleaved timing rounds")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds allowed to prepare")
+    p.add_argument("--no-roofline", action="store_true", help="skip measuring peak and bandwidth")
+    p.add_argument("--list", action="store_true", help="list suites, workloads and systems")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def parse_strategies(specs: list[str]) -> tuple[bool, dict[str, list[str] | None]]:
+    """(all_for_everyone, {system: [strategies] or None for all of them})."""
+    every, per = False, {}
+    for spec in specs:
+        if spec.strip() == "all":
+            every = True
+            continue
+        if "=" not in spec:
+            raise ValueError(f"bad --strategy {spec!r}: expected 'all' or 'system=s1,s2'")
+        system, values = spec.split("=", 1)
+        names = [v.strip() for v in values.split(",") if v.strip()]
+        per[system.strip()] = None if names == ["all"] else names
+    return every, per
+
+
+def strategies_for(system: Any, every: bool, per: dict[str, list[str] | None]) -> list[str]:
+    offered = list(getattr(system, "strategies", ()) or ("default",))
+    if system.name in per:
+        return per[system.name] or offered
+    if every or system.name == "kiln":  # Kiln's strategies are the research question
+        return offered
+    return offered[:1]
+
+
+def contestants(args: argparse.Namespace) -> list[Any]:
+    from .kiln_system import KilnSystem, ablation_strategy, pass_options
+    from .protocol import Contestant
+    from .systems import select
+    every, per = parse_strategies(args.strategy)
+    out = [Contestant(s, st) for s in select(args.systems) for st in strategies_for(s, every, per)]
+    if args.ablate:
+        opts = pass_options()
+        if not any(c.name == "kiln" for c in out):
+            print("--ablate: kiln is not among the systems; no ablations", file=sys.stderr)
+        elif opts is None:
+            print("--ablate: kiln.PASS_OPTIONS does not exist (yet); skipping ablations",
+                  file=sys.stderr)
+        else:
+            out += [Contestant(KilnSystem(), ablation_strategy(o)) for o in opts]
+    return out
+
+
+def workload_names(args: argparse.Namespace) -> list[str]:
+    if args.workloads:
+        names = [n.strip() for n in args.workloads.split(",") if n.strip()]
+        unknown = [n for n in names if n not in wl.factories()]
+        if unknown:
+            raise ValueError(f"unknown workloads {unknown}; see --list")
+        return names
+    return wl.names(args.suite)
+
+
+def _list() -> int:
+    from .systems import default_systems
+    for suite, names in wl.SUITES.items():
+        print(f"suite {suite}: {', '.join(names)}")
+    for s in default_systems():
+        print(f"system {s.name}: kinds {', '.join(sorted(s.kinds))}; "
+              f"strategies {', '.join(s.strategies)}")
+    return 0
+
+
+def _info(args: argparse.Namespace, names: list[str], cfg: Any) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    from .roofline import machine_info, measure
+    info: dict[str, Any] = {
+        "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "suite": args.suite if not args.workloads else "custom", "workloads": names,
+        "threads": args.threads, "machine": machine_info(), "config": asdict(cfg),
+    }
+    if not args.no_roofline:
+        print(f"measuring the roofline on {args.threads} threads ...", file=sys.stderr)
+        info["roofline"] = measure(args.threads).to_dict()
+    return info
+
+
+def run(args: argparse.Namespace) -> int:
+    from .progress import Progress
+    from .protocol import ProtocolConfig
+    from .protocol import run as run_protocol
+    from .report import RunReport, to_markdown, write_html, write_json, write_markdown
+    if args.list:
+        return _list()
+    try:
+        names = workload_names(args)
+        people = contestants(args)
+    except (ValueError, KeyError) as exc:
+        print(f"kiln bench: {exc}", file=sys.stderr)
+        return 2
+    cfg = ProtocolConfig(threads=args.threads, rounds=args.repeat, prepare_timeout_s=args.timeout)
+    report = RunReport(info=_info(args, names, cfg))
+    bar = Progress(len(names), enabled=not args.quiet)
+
+    def done(name: str) -> None:
+        bar.step(name)
+        if args.json:  # a long run is saved workload by workload
+            write_json(report, args.json)
+
+    records = report.records
+    try:
+        run_protocol([wl.factories()[n] for n in names], people, cfg,
+                                peak=report.peak_gflops, progress=bar.say, on_workload=done,
+                                sink=records)
+    finally:
+        bar.close()
+    print(to_markdown(report))
+    for path, write in ((args.json, write_json), (args.md, write_markdown), (args.html, write_html)):
+        if path:
+            write(report, path)
+            print(f"wrote {path}", file=sys.stderr)
+    wrong = [r for r in records if r["system"] == "kiln" and r.get("status") == "wrong"]
+    return 1 if wrong else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kiln bench", description=__doc__.split("\n")[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

@@ -1,0 +1,101 @@
+"""Kiln as one of the measured systems, with the same interface as the peer adapters.
+
+Strategies: "direct" is the compiler's default (vector code emitted directly). "ukernel" and
+"library" are passed on as `strategy=` once the compiler lists them in `kiln.STRATEGIES`.
+"ablate:-OPT" compiles the default with one option of `kiln.PASS_OPTIONS` switched off
+(`kiln.compile(model, OPT=False)`).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .workload import Workload
+
+ABLATE_PREFIX = "ablate:-"
+# What the compiler will offer; listed here so reports can say plainly which have no records yet.
+PLANNED_STRATEGIES: tuple[str, ...] = ("direct", "ukernel", "library")
+
+
+def ablation_strategy(option: str) -> str:
+    return f"{ABLATE_PREFIX}{option}"
+
+
+def pass_options() -> tuple[str, ...] | None:
+    """The compiler's switchable options, or None when it does not list them (yet)."""
+    try:
+        import kiln
+    except ImportError:
+        return None
+    opts = getattr(kiln, "PASS_OPTIONS", None)
+    return tuple(opts) if opts is not None else None
+
+
+def compiler_strategies() -> tuple[str, ...]:
+    """`kiln.STRATEGIES` once the compiler lists its strategies, ("direct",) until then."""
+    try:
+        import kiln
+    except ImportError:
+        return ("direct",)
+    return tuple(getattr(kiln, "STRATEGIES", ("direct",)))
+
+
+def compile_kwargs(strategy: str, threads: int) -> dict[str, Any]:
+    """The keyword arguments of kiln.compile for one strategy name."""
+    kwargs: dict[str, Any] = {"num_threads": threads}
+    if strategy.startswith(ABLATE_PREFIX):
+        kwargs[strategy[len(ABLATE_PREFIX):]] = False
+    elif strategy not in ("direct", "default"):
+        kwargs["strategy"] = strategy
+    return kwargs
+
+
+def _accepts(fn: Callable[..., Any], name: str) -> bool:
+    import inspect
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+@dataclass
+class KilnSystem:
+    name: str = "kiln"
+    kinds: frozenset[str] = frozenset({"gemm", "conv", "network"})
+    strategies: tuple[str, ...] = field(default_factory=lambda: compiler_strategies())
+    _exes: list[Any] = field(default_factory=list, repr=False)
+
+    def available(self) -> tuple[bool, str]:
+        try:
+            import kiln
+        except ImportError as exc:
+            return False, f"cannot import kiln: {exc}"
+        if not callable(getattr(kiln, "compile", None)):
+            return False, "kiln.compile does not exist yet"
+        return True, ""
+
+    def version(self) -> str:
+        import kiln
+        version = getattr(kiln, "__version__", None)
+        if version is None:
+            from importlib.metadata import PackageNotFoundError
+            from importlib.metadata import version as dist_version
+            try:
+                version = dist_version("kiln")
+            except PackageNotFoundError:
+                version = "dev"
+        return str(version)
+
+    def prepare(self, workload: Workload, threads: int,
+                strategy: str = "direct") -> Callable[[], list[np.ndarray]]:
+        import kiln
+        kwargs = compile_kwargs(strategy, threads)
+        if _accepts(kiln.compile, "cache"):
+            kwargs["cache"] = False  # compile time means compiling, not loading a cached result
+        exe = kiln.compile(workload.build_model(), **kwargs)
+        self._exes = [exe]  # keep it alive as long as the callable may run
+        feeds = workload.inputs
+        return lambda: exe.run(feeds)

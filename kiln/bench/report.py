@@ -1,0 +1,191 @@
+"""Benchmark records and the reports made from them: JSON, a Markdown table, an HTML page.
+
+A record is a plain dict with exactly the keys of RECORD_KEYS (plus optional extras such as
+`kind`, `status`, `reason`, `flops`, `bytes`, `samples`). A run is saved as JSON:
+
+    {"info": {"date", "suite", "threads", "machine": {...}, "roofline": {...}, "config": {...}},
+     "records": [record, ...]}
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+RECORD_KEYS: tuple[str, ...] = (
+    "workload", "system", "strategy", "threads", "version", "median_ms", "iqr_ms",
+    "gflops", "pct_peak", "compile_s", "ok", "max_rel_err",
+)
+BASELINES = ("kiln", "onnxruntime")  # the Markdown table shows time ratios against these two
+
+
+def make_record(workload: str, system: str, strategy: str, threads: int, version: str, *,
+                median_ms: float | None = None, iqr_ms: float | None = None,
+                flops: float | None = None, peak_gflops: float | None = None,
+                compile_s: float | None = None, ok: bool = False,
+                max_rel_err: float | None = None, **extra: Any) -> dict[str, Any]:
+    gflops = flops / (median_ms * 1e6) if flops and median_ms else None
+    pct = 100.0 * gflops / peak_gflops if gflops and peak_gflops else None
+    rec = {"workload": workload, "system": system, "strategy": strategy, "threads": threads,
+           "version": version, "median_ms": median_ms, "iqr_ms": iqr_ms, "gflops": gflops,
+           "pct_peak": pct, "compile_s": compile_s, "ok": bool(ok), "max_rel_err": max_rel_err}
+    if flops is not None:
+        extra.setdefault("flops", flops)
+    rec.update(extra)
+    return rec
+
+
+@dataclass
+class RunReport:
+    info: dict[str, Any] = field(default_factory=dict)
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def peak_gflops(self) -> float | None:
+        return self.info.get("roofline", {}).get("peak_gflops")
+
+    @property
+    def bandwidth_gbs(self) -> float | None:
+        return self.info.get("roofline", {}).get("bandwidth_gbs")
+
+
+def _finite(x: Any) -> Any:
+    """JSON has no inf/nan: they become null (the record's status/reason says why)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_finite(v) for v in x]
+    return x
+
+
+def to_json(report: RunReport) -> str:
+    return json.dumps(_finite({"info": report.info, "records": report.records}), indent=1)
+
+
+def write_json(report: RunReport, path: str | Path) -> None:
+    Path(path).write_text(to_json(report) + "\n")
+
+
+def load_json(path: str | Path) -> RunReport:
+    data = json.loads(Path(path).read_text())
+    if isinstance(data, list):  # a bare list of records is accepted too
+        return RunReport(records=data)
+    return RunReport(info=data.get("info", {}), records=data.get("records", []))
+
+
+# ---- Markdown ---------------------------------------------------------------------------------
+
+def label(rec: dict[str, Any]) -> str:
+    strat = rec.get("strategy") or "default"
+    return rec["system"] if strat == "default" else f"{rec['system']}:{strat}"
+
+
+def _fmt(x: float | None, spec: str = ".3g") -> str:
+    return "–" if x is None else format(x, spec)
+
+
+def by_workload(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for rec in records:
+        out.setdefault(rec["workload"], []).append(rec)
+    return out
+
+
+def baseline_ms(recs: list[dict[str, Any]], system: str) -> float | None:
+    """The time of one system on one workload: kiln's default strategy first, else its best."""
+    timed = [r for r in recs if r["system"] == system and r["ok"] and r["median_ms"]
+             and not str(r.get("strategy", "")).startswith("ablate:")]
+    if not timed:
+        return None
+    preferred = [r for r in timed if r.get("strategy") in ("direct", "default")]
+    return min(r["median_ms"] for r in (preferred or timed))
+
+
+def _status(rec: dict[str, Any]) -> str:
+    if rec["ok"]:
+        return "ok"
+    status = rec.get("status", "wrong")
+    if status == "wrong" and rec.get("max_rel_err") is not None:
+        return f"WRONG (err {rec['max_rel_err']:.2g})"
+    return status.upper() if status in ("wrong", "crashed", "timeout", "error") else status
+
+
+def _ms_cell(rec: dict[str, Any]) -> str:
+    if rec["median_ms"] is None:
+        return "–"
+    return f"{rec['median_ms']:.4g} ± {_fmt(rec['iqr_ms'], '.2g')}"
+
+
+def _ratio(ms: float | None, base: float | None) -> str:
+    return "–" if ms is None or not base else f"{ms / base:.2f}"
+
+
+def markdown_table(recs: list[dict[str, Any]]) -> list[str]:
+    shown = [r for r in recs if r.get("status") not in ("unavailable", "skipped")]
+    shown.sort(key=lambda r: (r["median_ms"] is None, r["median_ms"] or 0.0, label(r)))
+    bases = {b: baseline_ms(recs, b) for b in BASELINES}
+    lines = ["| system | ms (median ± IQR) | ÷ kiln | ÷ onnxruntime | GFLOP/s | % peak | compile s | ok |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for r in shown:
+        lines.append(
+            f"| {label(r)} | {_ms_cell(r)} | {_ratio(r['median_ms'], bases['kiln'])} "
+            f"| {_ratio(r['median_ms'], bases['onnxruntime'])} | {_fmt(r['gflops'], '.1f')} "
+            f"| {_fmt(r['pct_peak'], '.0f')} | {_fmt(r['compile_s'], '.2f')} | {_status(r)} |")
+    return lines
+
+
+def _notes(recs: list[dict[str, Any]]) -> list[str]:
+    """One line per system that was not timed, with its reason."""
+    notes = []
+    for r in recs:
+        if not r["ok"] and r.get("reason"):
+            notes.append(f"- {label(r)}: {r.get('status', 'not timed')} — {r['reason']}")
+    return notes
+
+
+def _header(info: dict[str, Any]) -> list[str]:
+    roof, machine = info.get("roofline", {}), info.get("machine", {})
+    lines = [f"# kiln bench — suite {info.get('suite', '?')}, {info.get('threads', '?')} threads, "
+             f"{info.get('date', '')}"]
+    if machine:
+        lines.append(f"Machine: {machine.get('cpu', '?')}, {machine.get('cores', '?')} cores.")
+    if roof:
+        lines.append(f"Measured peak {_fmt(roof.get('peak_gflops'), '.1f')} GFLOP/s fp32, "
+                     f"DRAM triad {_fmt(roof.get('bandwidth_gbs'), '.1f')} GB/s.")
+        if roof.get("host_busy"):
+            lines.append(busy_warning(roof))
+    lines.append("Ratios are time ÷ baseline time (below 1 = faster than the baseline); "
+                 "systems whose outputs are wrong are not timed.")
+    return lines
+
+
+def busy_warning(roof: dict[str, Any]) -> str:
+    return (f"**The host was busy** while measuring (only {_fmt(roof.get('peak_gflops_wall'), '.0f')}"
+            f" of {_fmt(roof.get('peak_gflops'), '.0f')} GFLOP/s on the wall clock): absolute "
+            "times are noisy, compare systems by their ratios within this run.")
+
+
+def to_markdown(report: RunReport) -> str:
+    lines = _header(report.info)
+    for workload, recs in by_workload(report.records).items():
+        kind = recs[0].get("kind", "")
+        flops = recs[0].get("flops")
+        gf = f", {flops / 1e9:.3g} GFLOP" if flops else ""
+        lines += ["", f"## {workload} ({kind}{gf})", "", *markdown_table(recs)]
+        notes = _notes(recs)
+        if notes:
+            lines += ["", *notes]
+    return "\n".join(lines) + "\n"
+
+
+def write_markdown(report: RunReport, path: str | Path) -> None:
+    Path(path).write_text(to_markdown(report))
+
+
+def write_html(report: RunReport, path: str | Path) -> None:
+    from .htmlreport import render_html  # matplotlib is heavy: only when a page is asked for
+    Path(path).write_text(render_html(report))
