@@ -11,6 +11,7 @@ import numpy as np
 from llvmlite import ir
 
 from kiln.codegen.mathfn import VectorMath
+from kiln.kernel.analysis import coef, flat_index
 from kiln.kernel.ir import Bin, Cast, Const, Expr, Load, LocalRef, Reduce, Select, Un, Var
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
@@ -29,47 +30,6 @@ _LIBM_UNARY = {"exp": "llvm.exp", "log": "llvm.log", "sqrt": "llvm.sqrt", "sin":
 
 def is_float(dtype: str) -> bool:
     return dtype in ("float32", "float64")
-
-
-def coef(e: Expr, v: Var) -> int | None:
-    """d(e)/d(v) if e is affine in v with a constant coefficient, else None."""
-    if e == v:
-        return 1
-    if isinstance(e, (Const, Var)):
-        return 0
-    if isinstance(e, Bin):
-        a, b = coef(e.a, v), coef(e.b, v)
-        if a is None or b is None:
-            return None
-        if e.op in ("+", "-"):
-            return a + b if e.op == "+" else a - b
-        if e.op == "*":
-            if a == 0 and b == 0:
-                return 0
-            if isinstance(e.b, Const) and b == 0:
-                return a * int(e.b.value)
-            if isinstance(e.a, Const) and a == 0:
-                return b * int(e.a.value)
-            return None
-        return 0 if a == 0 and b == 0 else None
-    if isinstance(e, Load):
-        return 0 if all(coef(i, v) == 0 for i in e.index) else None
-    if isinstance(e, (Un, Select, Cast)):
-        kids = [e.a] if not isinstance(e, Select) else [e.cond, e.a, e.b]
-        return 0 if all(coef(k, v) == 0 for k in kids) else None
-    return None
-
-
-def flat_index(index: tuple[Expr, ...], shape: tuple[int, ...]) -> Expr:
-    """Row-major linearization, folding away size-1 dims and zero indices."""
-    flat: Expr | None = None
-    stride = 1
-    for i, d in reversed(list(zip(index, shape))):
-        if d != 1 and not (isinstance(i, Const) and i.value == 0):
-            term = i if stride == 1 else i * stride
-            flat = term if flat is None else term + flat
-        stride *= d
-    return flat if flat is not None else Const(0, "int64")
 
 
 @dataclass
@@ -306,6 +266,29 @@ class ExprEmitter:
         if op == "erf":
             return self.libcall_scalarized("erf", x, vec), vec
         return self.intrinsic(_LIBM_UNARY[op], x.type, [x]), vec
+
+    def combine(self, op: str, a: ir.Value, b: ir.Value, dtype: str) -> ir.Value:
+        """One reduction step on same-shaped values (the semantics of kiln.schedule.primitives.combine)."""
+        B, fl = self.b, is_float(dtype)
+        if op == "sum":
+            return B.fadd(a, b) if fl else B.add(a, b)
+        if op == "prod":
+            return B.fmul(a, b) if fl else B.mul(a, b)
+        pick = ">" if op == "max" else "<"
+        c = B.fcmp_ordered(pick, a, b) if fl else B.icmp_signed(pick, a, b)
+        if fl:
+            c = B.or_(c, B.fcmp_unordered("uno", a, a))
+        return B.select(c, a, b)
+
+    def horizontal(self, op: str, v: ir.Value, dtype: str) -> ir.Value:
+        """Reduce a vector's lanes to a scalar (pairwise halving: log2(lanes) vector steps)."""
+        n = v.type.count
+        while n > 1:
+            h = n // 2
+            lo = self.b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, h), list(range(h))))
+            hi = self.b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, h), list(range(h, n))))
+            v, n = self.combine(op, lo, hi, dtype), h
+        return self.b.extract_element(v, ir.Constant(I32, 0))
 
     def _fconst(self, t: ir.Type, v: float) -> ir.Value:
         if isinstance(t, ir.VectorType):

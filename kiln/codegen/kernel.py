@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from kiln.codegen.exprs import I32, I64, MEMORY, PTR, SCALAR, ExprEmitter, VectorCtx, coef, flat_index
-from kiln.kernel.ir import Assign, Const, If, Kernel, Local, Loop, Stmt, Store
+from kiln.codegen.exprs import I32, I64, MEMORY, PTR, SCALAR, ExprEmitter, VectorCtx
+from kiln.kernel.analysis import coef, flat_index
+from kiln.kernel.ir import Assign, Bin, Const, If, Kernel, Local, LocalRef, Loop, Stmt, Store, init_value
 
 NTHREADS_GLOBAL = "kiln.nthreads"
 
@@ -141,6 +142,9 @@ class KernelEmitter:
                 em.env[name] = ir.Constant(I64, it)
                 self.stmts(b, em, s.body)
             return
+        if s.kind == "vector_reduce" and em.vec is None:
+            self.vector_reduce(b, em, s, lo, hi)
+            return
         if s.kind == "vector" and em.vec is None and s.lanes > 1:
             n = s.lanes
             main_end = b.sub(hi, b.srem(b.sub(hi, lo), ir.Constant(I64, n)))
@@ -165,6 +169,37 @@ class KernelEmitter:
             em.env[name] = i
             self.stmts(b, em, s.body)
         self.counted(b, lo, hi, 1, sbody)
+
+    def vector_reduce(self, b: ir.IRBuilder, em: ExprEmitter, s: Loop, lo: ir.Value, hi: ir.Value) -> None:
+        """A reduction loop `$acc = op($acc, x(r))` run `lanes` at a time into a vector partial, the tail
+        masked with op's identity, then one horizontal reduction into $acc."""
+        (upd,) = s.body
+        assert isinstance(upd, Assign) and isinstance(upd.value, Bin) and upd.value.a == LocalRef(upd.name, upd.value.dtype)
+        op = {"+": "sum", "*": "prod", "max": "max", "min": "min"}[upd.value.op]
+        x, dtype, n = upd.value.b, upd.value.dtype, s.lanes
+        ident = em.const(init_value(op, dtype))
+        vt = ir.VectorType(SCALAR[dtype], n)
+        part = self.entry_alloca(b, vt)
+        b.store(em.splat(ident, n), part)
+        main_end = b.sub(hi, b.srem(b.sub(hi, lo), ir.Constant(I64, n)))
+
+        def step(i: ir.Value, mask: ir.Value | None) -> None:
+            em.vec = VectorCtx(s.var, n, i, mask)
+            xv, is_vec = em.ev(x)
+            xv = xv if is_vec else em.splat(xv)
+            if mask is not None:
+                xv = b.select(mask, xv, em.splat(ident))
+            acc = b.load(part, typ=vt)
+            b.store(em.combine(op, acc, xv, dtype), part)
+            em.vec = None
+        self.counted(b, lo, main_end, n, lambda i: step(i, None))
+        rem = b.sub(hi, main_end)
+        with b.if_then(b.icmp_signed(">", rem, ir.Constant(I64, 0))):
+            lanes = ir.Constant(ir.VectorType(I64, n), list(range(n)))
+            step(main_end, b.icmp_signed("<", lanes, em.splat(rem, n)))
+        total = em.horizontal(op, b.load(part, typ=vt), dtype)
+        ptr, _ = em.local_slot(upd.name, upd.slot)
+        b.store(em.combine(op, b.load(ptr, typ=ptr.allocated_type), total, dtype), ptr)
 
     # -- parallel loops ----------------------------------------------------------------------------------------------------
     def parallel(self, b: ir.IRBuilder, args: list[ir.Value], s: Loop) -> None:

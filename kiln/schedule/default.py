@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kiln.kernel.ir import Compute, Const, Kernel, Load, Loop, Reduce, Stmt, walk
+from kiln.kernel.analysis import coef, flat_index
+from kiln.kernel.ir import Assign, Compute, Const, Expr, Kernel, Load, Loop, Reduce, Stmt, Var, walk
 from kiln.schedule.primitives import compute_to_loops, fuse, parallel, split, vectorize
 from kiln.schedule.tile import choose_tile, tile_compute
 from kiln.target import Target
@@ -48,14 +49,22 @@ def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: i
     inner = chain[-1]
     n_inner = int(inner.extent.value) if isinstance(inner.extent, Const) else 0
     lanes = target.lanes(_elem_bits(k, c))
-    if options.get("vectorize", True) and n_inner >= 4:
-        while lanes > n_inner and lanes > 4:
-            lanes //= 2
-        chain[-1] = vectorize(inner, lanes)
+    vec_out = False
+    red_loop = _innermost_reduction(cur)
+    if options.get("vectorize", True):
+        out_contig = _contiguous(k, c.body, inner.var)
+        if red_loop is not None and _contiguous(k, c.body, red_loop.var) and (n_inner < 4 or not out_contig) \
+                and isinstance(red_loop.extent, Const) and red_loop.extent.value >= 4:
+            red_loop.kind, red_loop.lanes, red_loop.masked = "vector_reduce", lanes, True
+        elif n_inner >= 4:
+            while lanes > n_inner and lanes > 4:
+                lanes //= 2
+            chain[-1] = vectorize(inner, lanes)
+            vec_out = True
 
     if not options.get("parallel", True) or threads <= 1 or work < PARALLEL_MIN_WORK:
         return rebuild(chain, cur)
-    if len(chain) == 1:  # a single axis: parallel chunks of whole vectors
+    if len(chain) == 1 and vec_out:  # a single vector axis: parallel chunks of whole vectors
         n = n_inner
         chunk = max(lanes, -(-n // (threads * 4)))
         chunk = -(-chunk // lanes) * lanes
@@ -63,14 +72,35 @@ def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: i
             return rebuild(chain, cur)
         return [parallel(split(chain[0], chunk))]
     # fuse outer (non-vector) loops until there is enough parallelism
-    outer = chain[:-1]
+    outer = chain[:-1] if vec_out else chain
     fused = rebuild(outer[:1], [])[0]
-    fused.body = rebuild(outer[1:], rebuild(chain[-1:], cur))
+    fused.body = rebuild(outer[1:], rebuild(chain[len(outer):], cur))
     used = 1
     while used < len(outer) and int(fused.extent.value) < threads * 8:
         fused = fuse(fused)
         used += 1
     return [parallel(fused)]
+
+
+def _innermost_reduction(body: list[Stmt]) -> Loop | None:
+    """The innermost loop of a reduction nest [Local, Loop(r0, [Loop(r1, [Assign])]), Store]."""
+    loops = [s for s in body if isinstance(s, Loop)]
+    if len(loops) != 1:
+        return None
+    lp = loops[0]
+    while len(lp.body) == 1 and isinstance(lp.body[0], Loop):
+        lp = lp.body[0]
+    return lp if len(lp.body) == 1 and isinstance(lp.body[0], Assign) else None
+
+
+def _contiguous(k: Kernel, e: Expr, v: Var) -> bool:
+    """Does some load in `e` walk memory with unit stride along `v`?"""
+    for ld in walk(e):
+        if isinstance(ld, Load):
+            b = k.buffer(ld.buf)
+            if coef(flat_index(ld.index, b.shape), v) == 1:
+                return True
+    return False
 
 
 def schedule_kernel(k: Kernel, target: Target, threads: int, options: dict[str, bool]) -> Kernel:
