@@ -13,6 +13,7 @@ from kiln.kernel.analysis import coef, flat_index
 from kiln.kernel.ir import Assign, Bin, Const, If, Kernel, Local, LocalRef, Loop, Stmt, Store, init_value
 
 NTHREADS_GLOBAL = "kiln.nthreads"
+CHUNKS_PER_THREAD = 4
 
 
 def declare_runtime(m: ir.Module) -> None:
@@ -203,26 +204,37 @@ class KernelEmitter:
 
     # -- parallel loops ----------------------------------------------------------------------------------------------------
     def parallel(self, b: ir.IRBuilder, args: list[ir.Value], s: Loop) -> None:
-        """Outline the loop body into a worker; each thread runs a contiguous chunk of iterations."""
+        """Outline the loop body into a worker run by every thread of the pool. Threads take chunks of
+        iterations from a shared atomic counter (≈ CHUNKS_PER_THREAD per thread), so a thread slowed by
+        another process on its core does not hold the others back, as a static split would."""
         worker = ir.Function(self.m, ir.FunctionType(ir.VoidType(), [PTR]), f"{self.name}.par{self.n_par}")
         worker.linkage = "internal"
         self.n_par += 1
         wb = ir.IRBuilder(worker.append_basic_block("entry"))
         ctx = worker.args[0]
         ptrs = [wb.load(wb.gep(ctx, [ir.Constant(I32, i)], source_etype=PTR), typ=PTR) for i in range(len(args))]
+        counter = wb.gep(ctx, [ir.Constant(I32, len(args))], source_etype=PTR)
         em = self.emitter(wb, ptrs)
-        tid = wb.sext(wb.call(self.m.globals["omp_get_thread_num"], []), I64)
         nt = wb.sext(wb.call(self.m.globals["omp_get_num_threads"], []), I64)
         total = em.ev(s.extent)[0]
-        chunk = wb.sdiv(wb.add(total, wb.sub(nt, ir.Constant(I64, 1))), nt)
-        lo = wb.mul(tid, chunk)
+        per = wb.mul(nt, ir.Constant(I64, CHUNKS_PER_THREAD))
+        chunk = wb.sdiv(wb.add(total, wb.sub(per, ir.Constant(I64, 1))), per)
+        grab, work, done = (worker.append_basic_block(x) for x in ("grab", "work", "done"))
+        wb.branch(grab)
+        wb.position_at_end(grab)
+        lo = wb.atomic_rmw("add", counter, chunk, "monotonic")
+        wb.cbranch(wb.icmp_signed("<", lo, total), work, done)
+        wb.position_at_end(work)
         hi = wb.add(lo, chunk)
         hi = wb.select(wb.icmp_signed("<", hi, total), hi, total)
         self.loop(wb, em, Loop(s.var, s.extent, s.body, "serial"), lo, hi)
+        wb.branch(grab)
+        wb.position_at_end(done)
         wb.ret_void()
-        # caller: pack the buffer pointers, fork
-        arr = self.entry_alloca(b, ir.ArrayType(PTR, len(args)))
+        # caller: pack the buffer pointers and a zeroed chunk counter, fork
+        arr = self.entry_alloca(b, ir.ArrayType(PTR, len(args) + 1))
         for i, a in enumerate(args):
             b.store(a, b.gep(arr, [ir.Constant(I32, 0), ir.Constant(I32, i)]))
+        b.store(ir.Constant(I64, 0), b.gep(arr, [ir.Constant(I32, 0), ir.Constant(I32, len(args))]))
         nthreads = b.load(self.m.globals[NTHREADS_GLOBAL], typ=I32)
         b.call(self.m.globals["GOMP_parallel"], [worker, arr, nthreads, ir.Constant(I32, 0)])
