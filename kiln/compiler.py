@@ -18,7 +18,7 @@ from kiln.target import Target, resolve
 __version__ = "0.1.0"
 
 # every switch the pipeline understands (all on by default); `kiln bench --ablate` turns each off in turn
-PASS_OPTIONS: tuple[str, ...] = ("fold_constants", "fold_batchnorm", "fusion", "fuse_elementwise", "fuse_epilogue",
+PASS_OPTIONS: tuple[str, ...] = ("fold_constants", "fold_batchnorm", "pack_weights", "fusion", "fuse_elementwise", "fuse_epilogue",
                                  "vectorize", "register_tile", "parallel", "memory_reuse")
 
 Trace = Callable[[str, Any], None]
@@ -70,7 +70,7 @@ def lower(model: onnx.ModelProto | str | bytes, target: Target, num_threads: int
     tr = trace or (lambda stage, obj: None)
     graph = import_onnx(model, input_shapes)                                 # 1. ONNX → graph IR
     tr("import", graph)
-    graph = run_graph_passes(graph, options, trace=lambda name, g: tr(f"graph:{name}", g))  # 2. graph passes
+    graph = run_graph_passes(graph, options, target, trace=lambda name, g: tr(f"graph:{name}", g))  # 2. graph passes
     lap("graph")
     out = Compiled(graph, timings=times)
     prog = build_program(graph, options)                                     # 3. lower + fuse → kernels

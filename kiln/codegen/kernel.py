@@ -74,8 +74,15 @@ class KernelEmitter:
             elif isinstance(s, If):
                 c, is_vec = em.ev(s.cond)
                 assert not is_vec, "If conditions must be uniform"
-                with b.if_then(c):
-                    self.stmts(b, em, s.body)
+                if not s.orelse:
+                    with b.if_then(c):
+                        self.stmts(b, em, s.body)
+                else:
+                    with b.if_else(c) as (then, otherwise):
+                        with then:
+                            self.stmts(b, em, s.body)
+                        with otherwise:
+                            self.stmts(b, em, s.orelse)
 
     def entry_alloca(self, b: ir.IRBuilder, t: ir.Type) -> ir.Value:
         """Allocas in the entry block so mem2reg turns accumulators into registers."""

@@ -44,7 +44,7 @@ def _axis(ax: int, rank: int, cx: Ctx) -> int:
     return ax % max(rank, 1)
 
 
-# -- elementwise ----------------------------------------------------------------------------------------------
+# -- elementwise ---------------------------------------------------------------------------------------------
 _UNARY = ["Relu", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Neg", "Abs", "Erf", "Reciprocal", "Floor", "Ceil",
           "Round", "Sin", "Cos", "Softplus", "Sign", "Not", "HardSwish", "Mish"]
 
@@ -56,6 +56,9 @@ def imp_unary(cx: Ctx, ins: list[Value | None]) -> list[Value]:
 
 @importer("Identity", "Dropout")
 def imp_identity(cx: Ctx, ins: list[Value | None]) -> list[Value]:
+    training = len(ins) > 2 and ins[2] is not None and cx.const(ins[2], "training_mode").any()
+    if cx.node.op_type == "Dropout" and training:
+        raise cx.unsupported("training_mode=True (random dropout)")
     if cx.node.op_type == "Dropout" and len(cx.node.output) > 1:  # inference: the mask is all true
         return [ins[0], cx.constant(np.ones(ins[0].shape, dtype=bool))]
     return [ins[0]]
@@ -66,16 +69,14 @@ def imp_param_unary(cx: Ctx, ins: list[Value | None]) -> list[Value]:
     op = cx.node.op_type
     if op == "LeakyRelu":
         return [cx.add(op, ins[:1], alpha=float(cx.attr("alpha", 0.01)))]
-    if op == "Elu":
+    if op in ("Elu", "Celu", "ThresholdedRelu"):
         return [cx.add(op, ins[:1], alpha=float(cx.attr("alpha", 1.0)))]
     if op == "HardSigmoid":
         return [cx.add(op, ins[:1], alpha=float(cx.attr("alpha", 0.2)), beta=float(cx.attr("beta", 0.5)))]
     if op == "Selu":
         return [cx.add(op, ins[:1], alpha=float(cx.attr("alpha", 1.67326319217681884765625)),
                        gamma=float(cx.attr("gamma", 1.05070102214813232421875)))]
-    if op == "Gelu":
-        return [cx.add(op, ins[:1], approximate=cx.attr("approximate", "none"))]
-    raise cx.unsupported("not implemented yet")
+    return [cx.add(op, ins[:1], approximate=cx.attr("approximate", "none"))]  # Gelu
 
 
 @importer("Clip")
@@ -97,8 +98,11 @@ def imp_cast(cx: Ctx, ins: list[Value | None]) -> list[Value]:
           "GreaterOrEqual", "And", "Or", "Xor", "Mod")
 def imp_binary(cx: Ctx, ins: list[Value | None]) -> list[Value]:
     a, b = ins[0], ins[1]
-    if cx.node.op_type == "Mod" and cx.attr("fmod", 0) == 0 and a.dtype.startswith("float"):
-        raise cx.unsupported("Mod with fmod=0 on floats is not supported")
+    if cx.node.op_type == "Mod":
+        fmod = int(cx.attr("fmod", 0))
+        if fmod == 0 and a.dtype.startswith("float"):  # ONNX requires fmod=1 for floats
+            raise cx.unsupported("Mod with fmod=0 on floats is not supported")
+        return [cx.add("Mod", [a, b], fmod=fmod)]
     if cx.node.op_type == "PRelu" and len(b.shape) < len(a.shape) and b.shape and b.shape[-1] == a.shape[1] \
             and len(b.shape) == 1 and a.shape[-1] != b.shape[-1]:
         b = cx.add("Reshape", [b], shape=(b.shape[0],) + (1,) * (len(a.shape) - 2))  # opset-7 style slope
@@ -125,12 +129,14 @@ def imp_variadic(cx: Ctx, ins: list[Value | None]) -> list[Value]:
 @importer("MatMul")
 def imp_matmul(cx: Ctx, ins: list[Value | None]) -> list[Value]:
     a, b = ins[0], ins[1]
-    out_shape = np.broadcast_shapes(a.shape[:-2] if len(a.shape) > 1 else (), b.shape[:-2] if len(b.shape) > 1 else ())
+    batch_a, batch_b = a.shape[:-2] if len(a.shape) > 1 else (), b.shape[:-2] if len(b.shape) > 1 else ()
+    out_shape = np.broadcast_shapes(batch_a, batch_b)
     a2 = cx.add("Reshape", [a], shape=(1, a.shape[0])) if len(a.shape) == 1 else a
     b2 = cx.add("Reshape", [b], shape=(b.shape[0], 1)) if len(b.shape) == 1 else b
     y = cx.add("MatMul", [a2, b2])
     if len(a.shape) == 1 or len(b.shape) == 1:  # numpy's vector rules: drop the added unit dimension
-        final = tuple(out_shape) + ((a.shape[-2],) if len(a.shape) > 1 else ()) + ((b.shape[-1],) if len(b.shape) > 1 else ())
+        final = (tuple(out_shape) + ((a.shape[-2],) if len(a.shape) > 1 else ())
+                 + ((b.shape[-1],) if len(b.shape) > 1 else ()))
         y = cx.add("Reshape", [y], shape=final)
     return [y]
 
@@ -153,7 +159,7 @@ def imp_gemm(cx: Ctx, ins: list[Value | None]) -> list[Value]:
     return [y]
 
 
-# -- convolution and pooling -------------------------------------------------------------------------------------
+# -- convolution and pooling ---------------------------------------------------------------------------------
 def _window(cx: Ctx, in_shape: tuple[int, ...], kernel: tuple[int, ...], ceil: bool = False) -> dict:
     nd = len(kernel)
     strides = tuple(cx.attr("strides", [1] * nd))
@@ -227,7 +233,7 @@ def imp_global_pool(cx: Ctx, ins: list[Value | None]) -> list[Value]:
     return [cx.add("Reduce", [x], kind=kind, axes=tuple(range(2, len(x.shape))), keepdims=True)]
 
 
-# -- normalizations --------------------------------------------------------------------------------------------------
+# -- normalizations ------------------------------------------------------------------------------------------
 @importer("BatchNormalization")
 def imp_batchnorm(cx: Ctx, ins: list[Value | None]) -> list[Value]:
     if len([o for o in cx.node.output if o]) > 1 or cx.attr("training_mode", 0):
@@ -269,10 +275,10 @@ def imp_softmax(cx: Ctx, ins: list[Value | None]) -> list[Value]:
     return [cx.add("Reshape", [cx.add(op, [flat], axis=1)], shape=x.shape)]
 
 
-# -- reductions ----------------------------------------------------------------------------------------------------------
+# -- reductions ----------------------------------------------------------------------------------------------
 _REDUCE_KIND = {"ReduceSum": "sum", "ReduceMean": "mean", "ReduceMax": "max", "ReduceMin": "min",
                 "ReduceProd": "prod", "ReduceL1": "l1", "ReduceL2": "l2", "ReduceSumSquare": "sumsquare",
-                "ReduceLogSumExp": "logsumexp"}
+                "ReduceLogSumExp": "logsumexp", "ReduceLogSum": "logsum"}
 
 
 @importer(*_REDUCE_KIND)
@@ -285,11 +291,16 @@ def imp_reduce(cx: Ctx, ins: list[Value | None]) -> list[Value]:
     else:
         axes = cx.attr("axes")
     if not axes:
-        if axes_from_input and cx.attr("noop_with_empty_axes", 0):
-            return [x]
+        if axes_from_input and cx.attr("noop_with_empty_axes", 0):  # over no axes: only the per-element term
+            kind = _REDUCE_KIND[cx.node.op_type]
+            if kind in ("l1", "l2"):
+                return [cx.add("Abs", [x])]
+            return [cx.add("Mul", [x, x]) if kind == "sumsquare" else cx.add("Log", [x]) if kind == "logsum"
+                    else x]
         axes = list(range(rank))
     axes = tuple(sorted(_axis(int(a), rank, cx) for a in axes))
-    return [cx.add("Reduce", [x], kind=_REDUCE_KIND[cx.node.op_type], axes=axes, keepdims=bool(cx.attr("keepdims", 1)))]
+    return [cx.add("Reduce", [x], kind=_REDUCE_KIND[cx.node.op_type], axes=axes,
+                   keepdims=bool(cx.attr("keepdims", 1)))]
 
 
 @importer("ArgMax", "ArgMin")
@@ -297,11 +308,11 @@ def imp_argreduce(cx: Ctx, ins: list[Value | None]) -> list[Value]:
     if cx.attr("select_last_index", 0):
         raise cx.unsupported("select_last_index=1")
     x = ins[0]
-    return [cx.add("ArgReduce", [x], kind=cx.node.op_type[3:].lower(), axis=_axis(cx.attr("axis", 0), len(x.shape), cx),
-                   keepdims=bool(cx.attr("keepdims", 1)))]
+    return [cx.add("ArgReduce", [x], kind=cx.node.op_type[3:].lower(),
+                   axis=_axis(cx.attr("axis", 0), len(x.shape), cx), keepdims=bool(cx.attr("keepdims", 1)))]
 
 
-# -- shapes and data movement ------------------------------------------------------------------------------------------
+# -- shapes and data movement --------------------------------------------------------------------------------
 @importer("Shape")
 def imp_shape(cx: Ctx, ins: list[Value | None]) -> list[Value]:
     shape = np.array(ins[0].shape, dtype=np.int64)
@@ -353,7 +364,10 @@ def imp_reshape(cx: Ctx, ins: list[Value | None]) -> list[Value]:
 @importer("Flatten")
 def imp_flatten(cx: Ctx, ins: list[Value | None]) -> list[Value]:
     x = ins[0]
-    axis = _axis(cx.attr("axis", 1), len(x.shape) + 1, cx)
+    axis, rank = cx.attr("axis", 1), len(x.shape)
+    if not -rank <= axis <= rank:
+        raise cx.unsupported(f"axis {axis} is out of range for rank {rank}")
+    axis = axis + rank if axis < 0 else axis  # in [-r, r]: -1 is r - 1, not r
     rows = int(np.prod(x.shape[:axis], dtype=np.int64))
     return [cx.add("Reshape", [x], shape=(rows, x.type.size // max(rows, 1)))]
 
@@ -367,7 +381,8 @@ def imp_squeeze(cx: Ctx, ins: list[Value | None]) -> list[Value]:
         axes = cx.attr("axes")
     shape = list(x.shape)
     if cx.node.op_type == "Squeeze":
-        axes = [i for i, d in enumerate(shape) if d == 1] if axes is None else [_axis(a, len(shape), cx) for a in axes]
+        axes = ([i for i, d in enumerate(shape) if d == 1] if axes is None
+                else [_axis(a, len(shape), cx) for a in axes])
         for a in axes:
             if shape[a] != 1:
                 raise cx.unsupported(f"Squeeze of axis {a} with size {shape[a]}")
@@ -395,7 +410,8 @@ def imp_concat(cx: Ctx, ins: list[Value | None]) -> list[Value]:
     return [cx.add("Concat", vals, axis=_axis(cx.attr("axis"), len(ins[0].shape), cx))]
 
 
-def _slice_attrs(shape: tuple[int, ...], starts: list[int], ends: list[int], axes: list[int], steps: list[int]) -> dict:
+def _slice_attrs(shape: tuple[int, ...], starts: list[int], ends: list[int], axes: list[int],
+                 steps: list[int]) -> dict:
     rank = len(shape)
     s, e, st = [0] * rank, list(shape), [1] * rank
     for a, b, c, d in zip(axes, starts, ends, steps):
@@ -419,8 +435,9 @@ def imp_slice(cx: Ctx, ins: list[Value | None]) -> list[Value]:
         steps = [1] * len(starts)
     else:
         starts, ends = cx.const(ins[1], "starts").tolist(), cx.const(ins[2], "ends").tolist()
-        axes = cx.const(ins[3], "axes").tolist() if len(ins) > 3 and ins[3] is not None else list(range(len(starts)))
-        steps = cx.const(ins[4], "steps").tolist() if len(ins) > 4 and ins[4] is not None else [1] * len(starts)
+        given = lambda i, what, default: (cx.const(ins[i], what).tolist()  # noqa: E731
+                                          if len(ins) > i and ins[i] is not None else default)
+        axes, steps = given(3, "axes", list(range(len(starts)))), given(4, "steps", [1] * len(starts))
     big = np.iinfo(np.int64).max // 2
     starts = [max(min(v, big), -big) for v in starts]
     ends = [max(min(v, big), -big) for v in ends]
@@ -477,7 +494,8 @@ def imp_pad(cx: Ctx, ins: list[Value | None]) -> list[Value]:
         pads, value = list(cx.attr("pads")), float(cx.attr("value", 0.0))
     else:
         pads = cx.const(ins[1], "pads").tolist()
-        value = float(cx.const(ins[2], "constant_value").reshape(-1)[0]) if len(ins) > 2 and ins[2] is not None else 0.0
+        has_value = len(ins) > 2 and ins[2] is not None
+        value = float(cx.const(ins[2], "constant_value").reshape(-1)[0]) if has_value else 0.0
         if len(ins) > 3 and ins[3] is not None:
             axes = [_axis(a, rank, cx) for a in cx.const(ins[3], "axes").tolist()]
             full = [0] * (2 * rank)

@@ -58,14 +58,17 @@ for _n, _f in {
     "Sqrt": lambda x, a: np.sqrt(x), "Neg": lambda x, a: -x, "Abs": lambda x, a: np.abs(x),
     "Erf": lambda x, a: _erf(x), "Reciprocal": lambda x, a: 1 / x, "Floor": lambda x, a: np.floor(x),
     "Ceil": lambda x, a: np.ceil(x), "Round": lambda x, a: np.round(x), "Sin": lambda x, a: np.sin(x),
-    "Cos": lambda x, a: np.cos(x), "Softplus": lambda x, a: np.log1p(np.exp(x)), "Sign": lambda x, a: np.sign(x),
+    "Cos": lambda x, a: np.cos(x), "Softplus": lambda x, a: np.logaddexp(0, x),
+    "Sign": lambda x, a: np.sign(x),
     "Identity": lambda x, a: x, "Not": lambda x, a: ~x,
     "Clip": lambda x, a: np.clip(x, a["min"], a["max"]),
     "LeakyRelu": lambda x, a: np.where(x >= 0, x, a["alpha"] * x),
     "Elu": lambda x, a: np.where(x >= 0, x, a["alpha"] * (np.exp(x) - 1)),
+    "Celu": lambda x, a: np.maximum(x, 0) + np.minimum(0, a["alpha"] * (np.exp(x / a["alpha"]) - 1)),
+    "ThresholdedRelu": lambda x, a: np.where(x > a["alpha"], x, 0),
     "HardSigmoid": lambda x, a: np.clip(a["alpha"] * x + a["beta"], 0, 1),
-    "HardSwish": lambda x, a: x * np.clip(x / 6 + 0.5, 0, 1),
-    "Mish": lambda x, a: x * np.tanh(np.log1p(np.exp(x))),
+    "HardSwish": lambda x, a: x * np.clip(x * (1 / 6) + 0.5, 0, 1),  # as onnxruntime: alpha = 1/6 multiplies
+    "Mish": lambda x, a: x * np.tanh(np.logaddexp(0, x)),
     "Selu": lambda x, a: a["gamma"] * np.where(x > 0, x, a["alpha"] * (np.exp(x) - 1)),
     "Gelu": lambda x, a: 0.5 * x * (1 + (_erf(x / np.sqrt(2)) if a["approximate"] == "none"
                                          else np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))),
@@ -75,11 +78,15 @@ for _n, _f in {
 OPS["Cast"] = OpDef(lambda ts, a: [TensorType(a["to"], ts[0].shape)],
                     lambda xs, a: [xs[0].astype(a["to"])], "unary")
 
+def _pow(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """numpy refuses negative integer exponents of integers; ONNX (and onnxruntime) go through double."""
+    return np.trunc(np.power(a.astype(np.float64), b)) if a.dtype.kind in "iu" else np.power(a, b)
+
+
 _BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
-    "Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Pow": np.power, "Max": np.maximum,
+    "Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Pow": _pow, "Max": np.maximum,
     "Min": np.minimum, "PRelu": lambda x, s: np.where(x >= 0, x, x * s),
     "Div": lambda a, b: (np.trunc(a / b).astype(a.dtype) if a.dtype.kind in "iu" else a / b),
-    "Mod": np.fmod,
 }
 _COMPARE: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "Equal": np.equal, "Less": np.less, "Greater": np.greater, "LessOrEqual": np.less_equal,
@@ -90,13 +97,17 @@ for _n, _g in _BINARY.items():
                     "binary")
 for _n, _g in _COMPARE.items():
     OPS[_n] = OpDef(_bcast("bool"), (lambda g: lambda xs, a: [np.asarray(g(xs[0], xs[1]))])(_g), "binary")
+# fmod=0: the result takes the divisor's sign (Python %), fmod=1: the dividend's (C fmod)
+OPS["Mod"] = OpDef(_bcast(), lambda xs, a: [np.asarray((np.fmod if a["fmod"] else np.mod)(xs[0], xs[1]))
+                                            .astype(xs[0].dtype)], "binary")
 OPS["Where"] = OpDef(_bcast(), lambda xs, a: [np.where(xs[0], xs[1], xs[2])], "binary")
 
 
 # -- reductions ------------------------------------------------------------------------------------------
 def _reduce_shape(ts: list[TensorType], a: dict) -> list[TensorType]:
     shape = ts[0].shape
-    out = tuple(1 if i in a["axes"] else d for i, d in enumerate(shape) if a["keepdims"] or i not in a["axes"])
+    axes = a["axes"]
+    out = tuple(1 if i in axes else d for i, d in enumerate(shape) if a["keepdims"] or i not in axes)
     return [TensorType(ts[0].dtype, out)]
 
 
@@ -106,13 +117,15 @@ _REDUCE_NP: dict[str, Callable[..., np.ndarray]] = {
     "l2": lambda x, axis, keepdims: np.sqrt(np.sum(x * x, axis=axis, keepdims=keepdims)),
     "sumsquare": lambda x, axis, keepdims: np.sum(x * x, axis=axis, keepdims=keepdims),
     "logsumexp": lambda x, axis, keepdims: np.log(np.sum(np.exp(x), axis=axis, keepdims=keepdims)),
+    "logsum": lambda x, axis, keepdims: np.log(np.sum(x, axis=axis, keepdims=keepdims)),
 }
 OPS["Reduce"] = OpDef(_reduce_shape, lambda xs, a: [np.asarray(_REDUCE_NP[a["kind"]](
     xs[0], axis=tuple(a["axes"]), keepdims=a["keepdims"])).astype(xs[0].dtype)], "reduce")
 
 
 def _argreduce_shape(ts: list[TensorType], a: dict) -> list[TensorType]:
-    return [TensorType("int64", _reduce_shape(ts, {"axes": (a["axis"],), "keepdims": a["keepdims"]})[0].shape)]
+    shape = _reduce_shape(ts, {"axes": (a["axis"],), "keepdims": a["keepdims"]})[0].shape
+    return [TensorType("int64", shape)]
 
 
 OPS["ArgReduce"] = OpDef(_argreduce_shape, lambda xs, a: [np.asarray(
@@ -149,20 +162,22 @@ def _spatial_out(shape: tuple[int, ...], kernel: tuple[int, ...], a: dict) -> tu
 def _conv_shape(ts: list[TensorType], a: dict) -> list[TensorType]:
     x, w = ts[0].shape, ts[1].shape
     if x[1] != w[1] * a["group"]:
-        raise ModelError(f"Conv input has {x[1]} channels, weight {w} with group {a['group']} wants {w[1] * a['group']}")
+        raise ModelError(f"Conv input has {x[1]} channels, weight {w} with group {a['group']} "
+                         f"wants {w[1] * a['group']}")
     return [TensorType(ts[0].dtype, (x[0], w[0]) + _spatial_out(x, w[2:], a))]
 
 
 OPS["Conv"] = OpDef(_conv_shape, None, "anchor")
-OPS["Pool"] = OpDef(lambda ts, a: [TensorType(ts[0].dtype, ts[0].shape[:2] + _spatial_out(ts[0].shape, a["kernel"], a))],
+OPS["Pool"] = OpDef(lambda ts, a: [TensorType(ts[0].dtype,
+                                              ts[0].shape[:2] + _spatial_out(ts[0].shape, a["kernel"], a))],
                     None, "anchor")
 
 
 def _conv_transpose_shape(ts: list[TensorType], a: dict) -> list[TensorType]:
     x, w = ts[0].shape, ts[1].shape
     nd = len(w) - 2
-    sp = tuple(a["strides"][i] * (x[2 + i] - 1) + a["output_padding"][i] + (w[2 + i] - 1) * a["dilations"][i] + 1
-               - a["pads"][i] - a["pads"][i + nd] for i in range(nd))
+    sp = tuple(a["strides"][i] * (x[2 + i] - 1) + a["output_padding"][i] + (w[2 + i] - 1) * a["dilations"][i]
+               + 1 - a["pads"][i] - a["pads"][i + nd] for i in range(nd))
     return [TensorType(ts[0].dtype, (x[0], w[1] * a["group"]) + sp)]
 
 
@@ -177,7 +192,7 @@ OPS["LRN"] = OpDef(_same, None, "norm")
 OPS["InstanceNormalization"] = OpDef(_same, None, "norm")
 
 
-# -- data movement --------------------------------------------------------------------------------------------
+# -- data movement -------------------------------------------------------------------------------------------
 def _reshape(ts: list[TensorType], a: dict) -> list[TensorType]:
     shape = tuple(a["shape"])
     if int(np.prod(shape)) != ts[0].size:
@@ -198,11 +213,13 @@ def slice_len(start: int, end: int, step: int) -> int:
 
 
 def _slice(ts: list[TensorType], a: dict) -> list[TensorType]:
-    return [TensorType(ts[0].dtype, tuple(slice_len(s, e, st) for s, e, st in zip(a["starts"], a["ends"], a["steps"])))]
+    spans = zip(a["starts"], a["ends"], a["steps"])
+    return [TensorType(ts[0].dtype, tuple(slice_len(s, e, st) for s, e, st in spans))]
 
 
 def _np_slice(x: np.ndarray, a: dict) -> np.ndarray:
-    idx = tuple(slice(s, (None if e < 0 and st < 0 else e), st) for s, e, st in zip(a["starts"], a["ends"], a["steps"]))
+    spans = zip(a["starts"], a["ends"], a["steps"])
+    idx = tuple(slice(s, (None if e < 0 and st < 0 else e), st) for s, e, st in spans)
     return x[idx]
 
 
@@ -218,7 +235,8 @@ def _np_gather(xs: list[np.ndarray], a: dict) -> np.ndarray:
 
 def _pad(ts: list[TensorType], a: dict) -> list[TensorType]:
     n = len(ts[0].shape)
-    return [TensorType(ts[0].dtype, tuple(d + a["pads"][i] + a["pads"][i + n] for i, d in enumerate(ts[0].shape)))]
+    pads = a["pads"]
+    return [TensorType(ts[0].dtype, tuple(d + pads[i] + pads[i + n] for i, d in enumerate(ts[0].shape)))]
 
 
 def _np_pad(x: np.ndarray, a: dict) -> np.ndarray:
@@ -241,7 +259,8 @@ OPS["Gather"] = OpDef(_gather, lambda xs, a: [_np_gather(xs, a)], "data")
 OPS["Pad"] = OpDef(_pad, lambda xs, a: [_np_pad(xs[0], a)], "data")
 OPS["Expand"] = OpDef(lambda ts, a: [TensorType(ts[0].dtype, tuple(a["shape"]))],
                       lambda xs, a: [np.broadcast_to(xs[0], a["shape"]).copy()], "data")
-OPS["Tile"] = OpDef(lambda ts, a: [TensorType(ts[0].dtype, tuple(d * r for d, r in zip(ts[0].shape, a["repeats"])))],
+OPS["Tile"] = OpDef(lambda ts, a: [TensorType(ts[0].dtype,
+                                              tuple(d * r for d, r in zip(ts[0].shape, a["repeats"])))],
                     lambda xs, a: [np.tile(xs[0], a["repeats"])], "data")
 OPS["Resize"] = OpDef(lambda ts, a: [TensorType(ts[0].dtype, tuple(a["sizes"]))], None, "data")
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from kiln.graph.ir import Graph, Node, Value
 from kiln.graph.ops import OPS
 from kiln.kernel.ir import Buffer, Compute, Const, Expr, Kernel, Load, Reduce, children, rebuild, substitute, walk
+import kiln.kernel.lower_packed  # noqa: F401  (registers the PackedMatMul lowering)
 from kiln.kernel.lower import Lowered, axes_for, lower_node
 
 VIEW_OPS = {"Reshape"}
@@ -124,7 +125,7 @@ def inline(prod: Group, cons: Group) -> Group:
     cons_last = cons.computes[-1]
     body = _replace_loads(cons_last.body, last.out, at)
     merged = prod.computes[:-1] + cons.computes[:-1] + [Compute(cons_last.out, cons_last.axes, cons_last.extents,
-                                                                 body, cons_last.store)]
+                                                                 body, cons_last.store, {**last.hints, **cons_last.hints})]
     return Group(merged, prod.temps + cons.temps, prod.nodes + cons.nodes, cons.output)
 
 
@@ -172,7 +173,8 @@ def make_kernel(g: Group, prog: Program, name: str) -> Kernel:
     args = [x for x in used if x not in temps]
     scratch = [x for x in used if x in temps]
     canon = {x: f"b{i}" for i, x in enumerate(args + scratch)}
-    comps = [Compute(canon[c.out], c.axes, c.extents, _rename_loads(c.body, canon), c.store) for c in g.computes]
+    comps = [Compute(canon[c.out], c.axes, c.extents, _rename_loads(c.body, canon), c.store, c.hints)
+             for c in g.computes]
     k = Kernel(name, [Buffer(canon[x], prog.buffers[x].dtype, prog.buffers[x].shape) for x in args],
                [Buffer(canon[x], prog.buffers[x].dtype, prog.buffers[x].shape) for x in scratch], comps)
     k.flops = _flops(g)

@@ -289,6 +289,7 @@ class Compute:
     extents: tuple[int, ...]
     body: Expr
     store: tuple[Expr, ...] | None = None
+    hints: dict = field(default_factory=dict)  # schedule hints from lowering, e.g. {"nr": 32} for packed panels
 
     @property
     def store_index(self) -> tuple[Expr, ...]:
@@ -340,6 +341,7 @@ class Assign:
 class If:
     cond: Expr
     body: list[Stmt]
+    orelse: list[Stmt] = field(default_factory=list)
 
 
 Stmt = Union[Loop, Store, Local, Assign, If]
@@ -392,4 +394,7 @@ def format_stmts(stmts: list[Stmt], depth: int) -> list[str]:
         elif isinstance(s, If):
             out.append(f"{pad}if {s.cond!r}:")
             out += format_stmts(s.body, depth + 1)
+            if s.orelse:
+                out.append(f"{pad}else:")
+                out += format_stmts(s.orelse, depth + 1)
     return out

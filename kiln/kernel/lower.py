@@ -13,8 +13,23 @@ import numpy as np
 
 from kiln.errors import UnsupportedOperator
 from kiln.graph.ir import Node, Value
-from kiln.kernel.ir import (Bin, Buffer, Cast, Compute, Const, Expr, Load, Reduce, Select, Un, Var, cmp, const_like,
-                            maximum, minimum)
+from kiln.kernel.ir import (
+    Bin,
+    Buffer,
+    Cast,
+    Compute,
+    Const,
+    Expr,
+    Load,
+    Reduce,
+    Select,
+    Un,
+    Var,
+    cmp,
+    const_like,
+    maximum,
+    minimum,
+)
 
 
 @dataclass
@@ -169,7 +184,7 @@ def lower_where(n: Node) -> Lowered:
     return Lowered([Compute(y.name, ax, y.shape, Select(c, a, b))])
 
 
-# -- reductions --------------------------------------------------------------------------------------------------
+# -- reductions ----------------------------------------------------------------------------------------------
 def _reduce_index(x: Value, out_axes: tuple[Var, ...], axes: tuple[int, ...], keepdims: bool,
                   rvars: dict[int, Var]) -> tuple[Expr, ...]:
     idx, k = [], 0
@@ -202,9 +217,10 @@ def lower_reduce(n: Node) -> Lowered:
         body = Un("log", reduction(x, ax, axes, keep, "sum", lambda e: Un("exp", e - mv))) + mv
         return Lowered([Compute(m.name, ax, y.shape, red("max")), Compute(y.name, ax, y.shape, body)], [m])
     body = {"sum": lambda: red("sum"), "max": lambda: red("max"), "min": lambda: red("min"),
-            "prod": lambda: red("prod"), "mean": lambda: red("sum") * (1.0 / count),
+            "prod": lambda: red("prod"),
+            "mean": lambda: red("sum") * (1.0 / count) if x.dtype.startswith("float") else red("sum") / int(count),
             "l1": lambda: red("sum", lambda e: Un("abs", e)),
-            "l2": lambda: Un("sqrt", red("sum", lambda e: e * e)),
+            "l2": lambda: Un("sqrt", red("sum", lambda e: e * e)), "logsum": lambda: Un("log", red("sum")),
             "sumsquare": lambda: red("sum", lambda e: e * e)}[kind]()
     return Lowered([Compute(y.name, ax, y.shape, body)])
 
@@ -221,7 +237,7 @@ def lower_argreduce(n: Node) -> Lowered:
     return Lowered([Compute(m.name, ax, y.shape, best), Compute(y.name, ax, y.shape, hit)], [m])
 
 
-# -- matrix product and convolution ------------------------------------------------------------------------------------
+# -- matrix product and convolution --------------------------------------------------------------------------
 @lowering("MatMul")
 def lower_matmul(n: Node) -> Lowered:
     (a, b), (y, ax) = n.inputs, _out(n)
@@ -312,7 +328,7 @@ def lower_pool(n: Node) -> Lowered:
         body: Expr = Reduce("max", window, xs)
     elif kind == "lp":
         p = float(a["p"])
-        body = Bin("pow", Reduce("sum", window, Bin("pow", Un("abs", xs), Const(p))), Const(1.0 / p))
+        body = Bin("pow", Reduce("sum", window, Bin("pow", Un("abs", xs), f(p, xs))), f(1.0 / p, xs))
     else:
         count: Expr | None = None
         for i in range(nd):  # window positions that count: inside the input, or inside input+pads if include_pad
@@ -325,19 +341,20 @@ def lower_pool(n: Node) -> Lowered:
     return Lowered(([pre] if pre else []) + [Compute(y.name, ax, y.shape, body)], [tmp] if tmp else [])
 
 
-# -- normalizations ------------------------------------------------------------------------------------------------------
-def _stats(x: Value, y: Value, ax: tuple[Var, ...], axes: tuple[int, ...], eps: float) -> tuple[list[Compute], list[Buffer], Expr, Expr]:
+# -- normalizations ------------------------------------------------------------------------------------------
+def _stats(x: Value, y: Value, ax: tuple[Var, ...], axes: tuple[int, ...],
+           eps: float) -> tuple[list[Compute], list[Buffer], Expr, Expr]:
     """mean and 1/sqrt(var+eps) over `axes` as two temporaries (keepdims), and their loads at `ax`."""
-    shape = tuple(1 if d in axes else s for d, s in enumerate(x.shape))
-    mean, rstd = Buffer(f"{y.name}.mean", "float32", shape), Buffer(f"{y.name}.rstd", "float32", shape)
+    shape, dt = tuple(1 if d in axes else s for d, s in enumerate(x.shape)), x.dtype
+    mean, rstd = Buffer(f"{y.name}.mean", dt, shape), Buffer(f"{y.name}.rstd", dt, shape)
     sax = axes_for(shape, "s")
     inv = 1.0 / float(np.prod([x.shape[d] for d in axes]))
-    mload = Load(mean.name, sax, "float32")
+    mload = Load(mean.name, sax, dt)
     c1 = Compute(mean.name, sax, shape, reduction(x, sax, axes, True, "sum") * inv)
     var = reduction(x, sax, axes, True, "sum", lambda e: (e - mload) * (e - mload)) * inv
     c2 = Compute(rstd.name, sax, shape, f(1.0, var) / Un("sqrt", var + eps))
     at = bcast_index(shape, ax)
-    return [c1, c2], [mean, rstd], Load(mean.name, at, "float32"), Load(rstd.name, at, "float32")
+    return [c1, c2], [mean, rstd], Load(mean.name, at, dt), Load(rstd.name, at, dt)
 
 
 @lowering("LayerNormalization")
@@ -395,12 +412,12 @@ def lower_lrn(n: Node) -> Lowered:
     c = ax[1] - (size - 1) // 2 + j
     inside = Bin("and", cmp(">=", c, 0), cmp("<", c, C))
     xv = Load(x.name, (ax[0], clamp(c, 0, C - 1)) + ax[2:], x.dtype)
-    sq = Reduce("sum", ((j, size),), Select(inside, xv * xv, Const(0.0)))
-    body = ld(x, ax) / Bin("pow", sq * (a["alpha"] / size) + a["bias"], Const(a["beta"]))
+    sq = Reduce("sum", ((j, size),), Select(inside, xv * xv, f(0.0, xv)))
+    body = ld(x, ax) / Bin("pow", sq * (a["alpha"] / size) + a["bias"], f(a["beta"], xv))
     return Lowered([Compute(y.name, ax, y.shape, body)])
 
 
-# -- data movement ---------------------------------------------------------------------------------------------------------
+# -- data movement -------------------------------------------------------------------------------------------
 @lowering("Transpose")
 def lower_transpose(n: Node) -> Lowered:
     (x,), (y, ax) = n.inputs, _out(n)

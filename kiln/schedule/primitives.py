@@ -56,7 +56,7 @@ def rename(stmts: list[Stmt], mapping: dict[Expr, Expr]) -> list[Stmt]:
             out.append(Assign(s.name, substitute(s.value, mapping),
                               None if s.slot is None else substitute(s.slot, mapping)))
         elif isinstance(s, If):
-            out.append(If(substitute(s.cond, mapping), rename(s.body, mapping)))
+            out.append(If(substitute(s.cond, mapping), rename(s.body, mapping), rename(s.orelse, mapping)))
         else:
             out.append(Local(s.name, s.dtype, substitute(s.init, mapping), s.count))
     return out

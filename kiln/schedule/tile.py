@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kiln.kernel.ir import (Assign, Compute, Const, Expr, If, Kernel, Load, Local, LocalRef, Loop, Reduce, Stmt,
-                            Store, Var, cmp, init_value, minimum, substitute, walk)
+from kiln.kernel.ir import (Assign, Bin, Compute, Const, Expr, If, Kernel, Load, Local, LocalRef, Loop, Reduce,
+                            Stmt, Store, Var, children, cmp, init_value, minimum, rebuild, substitute, walk)
 from kiln.schedule.primitives import combine
 from kiln.target import Target
 
@@ -53,6 +53,12 @@ def choose_tile(k: Kernel, c: Compute, target: Target) -> TileShape | None:
     if n_ext < 4:
         return None
     loads = [e for e in walk(red.body) if isinstance(e, Load)]
+    lanes, regs = target.lanes(32), target.vector_registers
+    if "nr" in c.hints:  # packed weights: the panel width is the tile width
+        nr = c.hints["nr"]
+        nvec = max(1, nr // lanes)
+        m_ext = c.extents[c.hints["m_axis"]]
+        return TileShape(c.hints["m_axis"], n_axis, max(1, min((regs - nvec - 2) // nvec, m_ext, 16)), nr, lanes)
     best: tuple[int, int] | None = None
     for ai, (v, ext) in enumerate(zip(c.axes[:-1], c.extents[:-1])):
         if ext < 2:
@@ -63,8 +69,6 @@ def choose_tile(k: Kernel, c: Compute, target: Target) -> TileShape | None:
             best = (ai, ext)
     if best is None:
         return None
-    lanes = target.lanes(32)
-    regs = target.vector_registers
     # NR: 1–3 vectors, whichever wastes the fewest lanes on n's edge (ties → wider); MR fills the registers
     options = []
     for nvec in (2, 1, 3):
@@ -94,24 +98,53 @@ def tile_compute(c: Compute, t: TileShape, tag: str, threads: int) -> list[Stmt]
         stride *= e
     m_expr = mo * t.mr + mi
     n_expr = no * t.nr + ni
-    acc = f"acc{tag}"
-    clamped = {m_v: minimum(m_expr, Const(M - 1, "int64")), n_v: n_expr}
-    update: Stmt = Loop(mi, Const(t.mr, "int64"),
-                        [Assign(acc, combine("sum", LocalRef(acc, red.dtype, mi), substitute(red.body, clamped)), mi)],
-                        "unroll")
-    for v, e in reversed(red.axes):
-        update = Loop(v, Const(e, "int64"), [update])
-    out_idx = substitute_all(c.store_index, {m_v: m_expr, n_v: n_expr})
-    epilogue = substitute(c.body, {red: LocalRef(acc, red.dtype, mi), m_v: m_expr, n_v: n_expr})
-    store: Stmt = Store(c.out, out_idx, epilogue)
+    n_ext = minimum(Const(t.nr, "int64"), Const(N, "int64") - no * t.nr) if N % t.nr else Const(t.nr, "int64")
+
+    def tile(edge: bool) -> Loop:
+        """The MR×NR tile; `edge` rows past M read row M−1 (clamped) and are not stored."""
+        acc = f"acc{tag}"
+        m_read = minimum(m_expr, Const(M - 1, "int64")) if edge else m_expr
+        term = simplify_panels(substitute(red.body, {m_v: m_read, n_v: n_expr}), ni, t.nr)
+        update: Stmt = Loop(mi, Const(t.mr, "int64"),
+                            [Assign(acc, combine("sum", LocalRef(acc, red.dtype, mi), term), mi)], "unroll")
+        for v, e in reversed(red.axes):
+            update = Loop(v, Const(e, "int64"), [update])
+        out_idx = substitute_all(c.store_index, {m_v: m_expr, n_v: n_expr})
+        epilogue = substitute(c.body, {red: LocalRef(acc, red.dtype, mi), m_v: m_expr, n_v: n_expr})
+        store: Stmt = Store(c.out, out_idx, epilogue)
+        if edge:
+            store = If(cmp("<", m_expr, Const(M, "int64")), [store])
+        return Loop(ni, n_ext, [Local(acc, red.dtype, init_value("sum", red.dtype), t.mr), update,
+                                Loop(mi, Const(t.mr, "int64"), [store], "unroll")], "vector", t.nr, masked=True)
+
+    # full row blocks run a tile without clamps or guards: its MR rows are one base + constant offsets
     if M % t.mr:
-        store = If(cmp("<", m_expr, Const(M, "int64")), [store])
-    tile = Loop(ni, minimum(Const(t.nr, "int64"), Const(N, "int64") - no * t.nr) if N % t.nr else Const(t.nr, "int64"),
-                [Local(acc, red.dtype, init_value("sum", red.dtype), t.mr), update,
-                 Loop(mi, Const(t.mr, "int64"), [store], "unroll")], "vector", t.nr, masked=True)
-    body = rename_tile([tile], decode)
+        full = cmp("<=", mo * t.mr + t.mr, Const(M, "int64"))
+        tiles: list[Stmt] = [If(full, [tile(False)], [tile(True)])]
+    else:
+        tiles = [tile(False)]
+    body = rename_tile(tiles, decode)
     kind = "parallel" if threads > 1 and total > 1 else "serial"
     return [Loop(flat, Const(total, "int64"), body, kind)]
+
+
+def simplify_panels(e: Expr, ni: Var, nr: int) -> Expr:
+    """(x·NR + ni) // NR → x and (x·NR + ni) % NR → ni, valid because 0 ≤ ni < NR (a lane of the tile).
+    This is what makes a packed panel load Bp[j // NR, k, j % NR] a plain contiguous vector load."""
+    memo: dict[Expr, Expr] = {}
+
+    def go(x: Expr) -> Expr:
+        if x in memo:
+            return memo[x]
+        kids = children(x)
+        y = rebuild(x, [go(k) for k in kids]) if kids else x
+        if isinstance(y, Bin) and y.op in ("//", "%") and y.b == Const(nr, "int64") and isinstance(y.a, Bin) \
+                and y.a.op == "+" and y.a.b == ni and isinstance(y.a.a, Bin) and y.a.a.op == "*" \
+                and y.a.a.b == Const(nr, "int64"):
+            y = y.a.a.a if y.op == "//" else ni
+        memo[x] = y
+        return y
+    return go(e)
 
 
 def substitute_all(index: tuple[Expr, ...], mapping: dict[Expr, Expr]) -> tuple[Expr, ...]:

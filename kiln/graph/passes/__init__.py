@@ -2,15 +2,18 @@
 with the option that switches it (`kiln.compile(..., fold_batchnorm=False)`, `kiln bench --ablate`)."""
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 from kiln.graph.ir import Graph
+from kiln.target import Target
 from kiln.graph.passes.eliminate_dead_code import eliminate_dead_code
 from kiln.graph.passes.fold_batchnorm import fold_batchnorm
 from kiln.graph.passes.fold_constants import fold_constants
 from kiln.graph.passes.materialize_outputs import materialize_outputs
+from kiln.graph.passes.pack_weights import pack_weights
 
-Pass = Callable[[Graph], Graph]
+Pass = Callable[..., Graph]  # Graph → Graph, optionally also given the Target
 
 # (option name, pass); options that are off skip their pass. materialize_outputs is required.
 GRAPH_PASSES: list[tuple[str, Pass]] = [
@@ -18,16 +21,17 @@ GRAPH_PASSES: list[tuple[str, Pass]] = [
     ("eliminate_dead_code", eliminate_dead_code),
     ("fold_batchnorm", fold_batchnorm),
     ("eliminate_dead_code", eliminate_dead_code),
+    ("pack_weights", pack_weights),
     ("", materialize_outputs),
 ]
 
 
-def run_graph_passes(g: Graph, options: dict[str, bool], trace: Callable[[str, Graph], None] | None = None,
-                     verify: bool = True) -> Graph:
+def run_graph_passes(g: Graph, options: dict[str, bool], target: Target,
+                     trace: Callable[[str, Graph], None] | None = None, verify: bool = True) -> Graph:
     for opt, p in GRAPH_PASSES:
         if opt and not options.get(opt, True):
             continue
-        g = p(g)
+        g = p(g, target) if "target" in inspect.signature(p).parameters else p(g)
         if verify:
             g.verify()
         if trace:

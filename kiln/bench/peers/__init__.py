@@ -1,0 +1,45 @@
+"""Peer adapters for `kiln bench`: the systems kiln is measured against, one module each.
+
+Importing this package is cheap and never fails: every heavy import (torch, jax, tvm, openvino...)
+happens inside a peer's `available()`/`prepare()`. `PEERS` maps the report's `system` key to the
+adapter class; `get_peers(names)` instantiates them (all when `names` is empty/None).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from kiln.bench.peers.base import Peer, PeerError, Runner
+from kiln.bench.peers.halide import HalidePeer
+from kiln.bench.peers.inductor import InductorPeer
+from kiln.bench.peers.iree import IreePeer
+from kiln.bench.peers.jax import JaxPeer
+from kiln.bench.peers.mkl import MklPeer
+from kiln.bench.peers.naive_c import NaiveCPeer
+from kiln.bench.peers.onednn import OneDnnPeer
+from kiln.bench.peers.onnxruntime import OnnxRuntimePeer
+from kiln.bench.peers.openblas import OpenBlasPeer
+from kiln.bench.peers.openvino import OpenVinoPeer
+from kiln.bench.peers.torch import TorchPeer
+from kiln.bench.peers.tvm import TvmPeer
+
+PEERS: dict[str, type[Peer]] = {
+    p.name: p
+    for p in (OnnxRuntimePeer, TorchPeer, InductorPeer, JaxPeer, TvmPeer, IreePeer, OpenVinoPeer,
+              OpenBlasPeer, MklPeer, OneDnnPeer, HalidePeer, NaiveCPeer)
+}
+
+
+def get_peers(names: Iterable[str] | None = None,
+              options: dict[str, dict[str, Any]] | None = None) -> list[Peer]:
+    """Instantiate peers by report name, in the given order; `options[name]` goes to its constructor
+    (e.g. {"tvm": {"trials": 200}}). Unknown names raise KeyError listing the known ones."""
+    options = options or {}
+    chosen = list(names) if names else list(PEERS)
+    unknown = [n for n in chosen if n not in PEERS]
+    if unknown:
+        raise KeyError(f"unknown peer(s) {unknown}; known: {sorted(PEERS)}")
+    return [PEERS[n](**options.get(n, {})) for n in chosen]
+
+
+__all__ = ["PEERS", "Peer", "PeerError", "Runner", "get_peers"]

@@ -1,0 +1,81 @@
+"""OpenVINO peer: the ONNX model read by OpenVINO's frontend and compiled for the "CPU" device in f32.
+
+Precision: on CPUs with AVX512_BF16 (Zen 4 here) OpenVINO runs in bf16 by default (~3e-3 relative
+error, and faster); `INFERENCE_PRECISION_HINT = f32` forces the fp32 row that the other peers are
+compared on. Strategy "bf16" keeps OpenVINO's default precision for reference.
+
+Threads: `INFERENCE_NUM_THREADS = threads`, `NUM_STREAMS = 1` and `PERFORMANCE_HINT = LATENCY`
+(one inference at a time, batch 1); OpenVINO's TBB executor pins nothing unless ENABLE_CPU_PINNING
+says so, which is left at its default. Each run is a synchronous `infer` on one InferRequest with
+shared-memory input tensors.
+
+`import openvino` sends a telemetry event by forking a sender process (a fork inside a process that
+already runs JAX/torch thread pools, and a network call the benchmark should not make); it is
+skipped when CI=true, so the import runs with CI=true set for its duration only.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any
+
+import numpy as np
+
+from kiln.bench.peers.base import Peer, Runner, dist_version, save_model
+from kiln.bench.workload import Workload
+
+
+def import_openvino() -> Any:
+    """`import openvino` without its import-time telemetry fork (see the module docstring)."""
+    old = os.environ.get("CI")
+    os.environ["CI"] = "true"
+    try:
+        import openvino
+    finally:
+        if old is None:
+            del os.environ["CI"]
+        else:
+            os.environ["CI"] = old
+    return openvino
+
+
+class OpenVinoPeer(Peer):
+    name = "openvino"
+    kinds = frozenset({"gemm", "conv", "network"})
+    strategies = ("default", "bf16")
+    requirement = "openvino"
+
+    def available(self) -> tuple[bool, str]:
+        try:
+            import_openvino()
+        except Exception as e:
+            return False, f"cannot import openvino ({type(e).__name__}: {e}); pip install {self.requirement}"
+        return True, ""
+
+    def version(self) -> str:
+        return dist_version("openvino")
+
+    def prepare(self, workload: Workload, threads: int, strategy: str = "default") -> Runner:
+        strategy = self.check(workload, threads, strategy)
+        ov = import_openvino()
+        core = ov.Core()
+        path = save_model(workload.build_model(), workload.name)
+        try:
+            model = core.read_model(str(path))
+            config = {"INFERENCE_NUM_THREADS": threads, "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"}
+            if strategy == "default":
+                config["INFERENCE_PRECISION_HINT"] = "f32"
+            compiled = core.compile_model(model, "CPU", config)
+        finally:
+            shutil.rmtree(path.parent, ignore_errors=True)
+        req = compiled.create_infer_request()
+        feeds = {i.get_any_name(): np.ascontiguousarray(workload.inputs[i.get_any_name()])
+                 for i in compiled.inputs}
+        outs = compiled.outputs
+
+        def run() -> list[np.ndarray]:
+            res = req.infer(feeds, share_inputs=True)
+            return [res[o] for o in outs]
+
+        run.keepalive = (core, compiled)  # type: ignore[attr-defined]
+        return run
