@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 
 # every switch the pipeline understands (all on by default); `kiln bench --ablate` turns each off in turn
 PASS_OPTIONS: tuple[str, ...] = ("fold_constants", "fold_batchnorm", "pack_weights", "fusion", "fuse_elementwise", "fuse_epilogue",
-                                 "vectorize", "register_tile", "parallel", "memory_reuse")
+                                 "vectorize", "register_tile", "pack_operands", "parallel", "memory_reuse")
 
 Trace = Callable[[str, Any], None]
 
@@ -74,8 +74,11 @@ def lower(model: onnx.ModelProto | str | bytes, target: Target, num_threads: int
     lap("graph")
     out = Compiled(graph, timings=times)
     prog = build_program(graph, options)                                     # 3. lower + fuse → kernels
-    for k in prog.kernels:                                                   # 4. schedule each kernel
+    for k, names in zip(prog.kernels, prog.bindings):                        # 4. schedule each kernel
         schedule_kernel(k, target, num_threads, options)
+        for b in k.scratch[len(names) - len(k.args):]:                       #    scratch the schedule added
+            names.append(f"{k.name}.{b.name}")
+            prog.buffers[names[-1]] = b
     tr("kernels", prog)
     plan = plan_memory(prog, reuse=options.get("memory_reuse", True))       # 5. static memory plan
     out.program, out.plan = prog, plan

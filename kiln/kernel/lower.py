@@ -79,9 +79,10 @@ UNARY: dict[str, Callable[[Expr, dict], Expr]] = {
     "Sigmoid": lambda x, a: Un("sigmoid", x),
     "Tanh": lambda x, a: Un("tanh", x), "Exp": lambda x, a: Un("exp", x), "Log": lambda x, a: Un("log", x),
     "Sqrt": lambda x, a: Un("sqrt", x), "Neg": lambda x, a: Un("neg", x), "Abs": lambda x, a: Un("abs", x),
-    "Erf": lambda x, a: Un("erf", x), "Reciprocal": lambda x, a: f(1, x) / x, "Floor": lambda x, a: Un("floor", x),
-    "Ceil": lambda x, a: Un("ceil", x), "Round": lambda x, a: Un("round", x), "Sin": lambda x, a: Un("sin", x),
-    "Cos": lambda x, a: Un("cos", x), "Not": lambda x, a: Un("not", x), "Identity": lambda x, a: x,
+    "Erf": lambda x, a: Un("erf", x), "Reciprocal": lambda x, a: f(1, x) / x,
+    "Floor": lambda x, a: Un("floor", x), "Ceil": lambda x, a: Un("ceil", x),
+    "Round": lambda x, a: Un("round", x), "Not": lambda x, a: Un("not", x), "Identity": lambda x, a: x,
+    "Sin": lambda x, a: Un("sin", x), "Cos": lambda x, a: Un("cos", x),
     "Softplus": lambda x, a: _softplus(x),
     "Sign": lambda x, a: Select(cmp(">", x, 0), f(1, x), Select(cmp("<", x, 0), f(-1, x), f(0, x))),
     "Clip": lambda x, a: _clip(x, a["min"], a["max"]),
@@ -92,11 +93,17 @@ UNARY: dict[str, Callable[[Expr, dict], Expr]] = {
     "HardSigmoid": lambda x, a: _clip(x * a["alpha"] + a["beta"], 0.0, 1.0),
     "HardSwish": lambda x, a: x * _clip(x * (1 / 6) + 0.5, 0.0, 1.0),
     "Mish": lambda x, a: x * Un("tanh", _softplus(x)),
-    "Selu": lambda x, a: Select(cmp(">", x, 0.0), x * a["gamma"], (Un("exp", x) - 1.0) * (a["alpha"] * a["gamma"])),
-    "Gelu": lambda x, a: (x * 0.5 * (Un("erf", x * (1 / math.sqrt(2))) + 1.0) if a["approximate"] == "none" else
-                          x * 0.5 * (Un("tanh", (x + x * x * x * 0.044715) * math.sqrt(2 / math.pi)) + 1.0)),
+    "Selu": lambda x, a: Select(cmp(">", x, 0.0), x * a["gamma"],
+                                (Un("exp", x) - 1.0) * (a["alpha"] * a["gamma"])),
+    "Gelu": lambda x, a: x * 0.5 * (_gelu_inner(x, a["approximate"]) + 1.0),
     "Cast": lambda x, a: _cast(x, a["to"]),
 }
+
+
+def _gelu_inner(x: Expr, approximate: str) -> Expr:
+    if approximate == "none":
+        return Un("erf", x * (1 / math.sqrt(2)))
+    return Un("tanh", (x + x * x * x * 0.044715) * math.sqrt(2 / math.pi))
 
 
 def _clip(x: Expr, lo: float, hi: float) -> Expr:
@@ -115,12 +122,13 @@ def _cast(x: Expr, to: str) -> Expr:
 
 
 BINARY: dict[str, Callable[[Expr, Expr], Expr]] = {
-    "Add": lambda a, b: a + b, "Sub": lambda a, b: a - b, "Mul": lambda a, b: a * b, "Div": lambda a, b: a / b,
-    "Pow": lambda a, b: _pow(a, b), "Max": maximum, "Min": minimum,
+    "Add": lambda a, b: a + b, "Sub": lambda a, b: a - b, "Mul": lambda a, b: a * b,
+    "Div": lambda a, b: a / b, "Pow": lambda a, b: _pow(a, b), "Max": maximum, "Min": minimum,
     "PRelu": lambda a, b: Select(cmp(">=", a, 0.0), a, a * b),
-    "Equal": lambda a, b: cmp("==", a, b), "Less": lambda a, b: cmp("<", a, b), "Greater": lambda a, b: cmp(">", a, b),
-    "LessOrEqual": lambda a, b: cmp("<=", a, b), "GreaterOrEqual": lambda a, b: cmp(">=", a, b),
-    "And": lambda a, b: Bin("and", a, b), "Or": lambda a, b: Bin("or", a, b), "Xor": lambda a, b: Bin("xor", a, b),
+    "Equal": lambda a, b: cmp("==", a, b), "Less": lambda a, b: cmp("<", a, b),
+    "Greater": lambda a, b: cmp(">", a, b), "LessOrEqual": lambda a, b: cmp("<=", a, b),
+    "GreaterOrEqual": lambda a, b: cmp(">=", a, b), "And": lambda a, b: Bin("and", a, b),
+    "Or": lambda a, b: Bin("or", a, b), "Xor": lambda a, b: Bin("xor", a, b),
 }
 
 def _pow(a: Expr, b: Expr) -> Expr:
@@ -218,7 +226,8 @@ def lower_reduce(n: Node) -> Lowered:
         return Lowered([Compute(m.name, ax, y.shape, red("max")), Compute(y.name, ax, y.shape, body)], [m])
     body = {"sum": lambda: red("sum"), "max": lambda: red("max"), "min": lambda: red("min"),
             "prod": lambda: red("prod"),
-            "mean": lambda: red("sum") * (1.0 / count) if x.dtype.startswith("float") else red("sum") / int(count),
+            "mean": lambda: (red("sum") * (1.0 / count) if x.dtype.startswith("float")
+                             else red("sum") / int(count)),  # integers: truncating division, as onnxruntime
             "l1": lambda: red("sum", lambda e: Un("abs", e)),
             "l2": lambda: Un("sqrt", red("sum", lambda e: e * e)), "logsum": lambda: Un("log", red("sum")),
             "sumsquare": lambda: red("sum", lambda e: e * e)}[kind]()
@@ -233,7 +242,8 @@ def lower_argreduce(n: Node) -> Lowered:
     best = reduction(x, ax, (a["axis"],), a["keepdims"], a["kind"])
     k = Var(f"r{a['axis']}")
     hit = reduction(x, ax, (a["axis"],), a["keepdims"], "min",
-                    lambda e: Select(cmp("==", e, Load(m.name, ax, x.dtype)), k, Const(x.shape[a["axis"]], "int64")))
+                    lambda e: Select(cmp("==", e, Load(m.name, ax, x.dtype)), k,
+                                     Const(x.shape[a["axis"]], "int64")))
     return Lowered([Compute(m.name, ax, y.shape, best), Compute(y.name, ax, y.shape, hit)], [m])
 
 
@@ -249,8 +259,10 @@ def lower_matmul(n: Node) -> Lowered:
     return Lowered([Compute(y.name, ax, y.shape, body)])
 
 
-def _padded(x: Value, pads: tuple[int, ...], value: float, name: str) -> tuple[Compute | None, Buffer | None, str]:
-    """A zero/-inf padded copy of NCHW `x` (spatial pads only), so windows read in bounds with affine indices."""
+def _padded(x: Value, pads: tuple[int, ...], value: float,
+            name: str) -> tuple[Compute | None, Buffer | None, str]:
+    """A zero/-inf padded copy of NCHW `x` (spatial pads only), so windows read in bounds with affine
+    indices."""
     nd = len(x.shape) - 2
     if not any(pads):
         return None, None, x.name
@@ -289,7 +301,8 @@ def lower_conv(n: Node) -> Lowered:
 
 @lowering("ConvTranspose")
 def lower_conv_transpose(n: Node) -> Lowered:
-    """Gather form: out[o] = Σ x[(o + p − k·d)/s] · w[k] over taps where the division is exact and in range."""
+    """Gather form: out[o] = Σ x[(o + p − k·d)/s] · w[k] over taps where the division is exact and in
+    range."""
     x, w = n.inputs[0], n.inputs[1]
     y, ax = _out(n)
     a = n.attrs
@@ -307,7 +320,8 @@ def lower_conv_transpose(n: Node) -> Lowered:
     g = ax[1] // cog
     xv = Load(x.name, (ax[0], g * cig + ci) + tuple(src), x.dtype)
     wv = ld(w, (g * cig + ci, ax[1] - g * cog) + ks)
-    body: Expr = Reduce("sum", ((ci, cig),) + tuple(zip(ks, w.shape[2:])), Select(ok, xv * wv, Const(0.0, y.dtype)))
+    body: Expr = Reduce("sum", ((ci, cig),) + tuple(zip(ks, w.shape[2:])),
+                        Select(ok, xv * wv, Const(0.0, y.dtype)))
     if len(n.inputs) > 2:
         body = body + ld(n.inputs[2], (ax[1],))
     return Lowered([Compute(y.name, ax, y.shape, body)])
@@ -331,7 +345,7 @@ def lower_pool(n: Node) -> Lowered:
         body = Bin("pow", Reduce("sum", window, Bin("pow", Un("abs", xs), f(p, xs))), f(1.0 / p, xs))
     else:
         count: Expr | None = None
-        for i in range(nd):  # window positions that count: inside the input, or inside input+pads if include_pad
+        for i in range(nd):  # window positions that count: inside the input (or input+pads if include_pad)
             lo_lim = -a["count_pads"][i] if a["include_pad"] else 0
             hi_lim = x.shape[2 + i] + (a["count_pads"][i + nd] if a["include_pad"] else 0)
             start = ax[2 + i] * a["strides"][i] - a["pads"][i]
@@ -452,7 +466,7 @@ def lower_gather(n: Node) -> Lowered:
     k = ld(ind, ax[axis:axis + r])
     k = _cast(k, "int64")
     dim = x.shape[axis]
-    k = clamp(Select(cmp("<", k, 0), k + dim, k), 0, dim - 1)  # out-of-range runtime indices clamp, never read OOB
+    k = clamp(Select(cmp("<", k, 0), k + dim, k), 0, dim - 1)  # out-of-range runtime indices clamp, no OOB
     idx = ax[:axis] + (k,) + ax[axis + r:]
     return Lowered([Compute(y.name, ax, y.shape, ld(x, idx))])
 
@@ -475,7 +489,8 @@ def lower_pad(n: Node) -> Lowered:
         else:  # reflect: fold the index back into [0, size) with period 2(size−1)
             period = max(2 * (size - 1), 1)
             m = ((s % period) + period) % period
-            idx.append(Select(cmp("<", m, size), m, Const(period, "int64") - m) if size > 1 else Const(0, "int64"))
+            idx.append(Select(cmp("<", m, size), m, Const(period, "int64") - m) if size > 1
+                       else Const(0, "int64"))
     v = ld(x, tuple(idx))
     body = Select(inside, v, Const(a["value"], x.dtype)) if inside is not None else v
     return Lowered([Compute(y.name, ax, y.shape, body)])

@@ -26,7 +26,9 @@ def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: i
     if options.get("register_tile", True) and options.get("vectorize", True):
         shape = choose_tile(k, c, target)
         if shape is not None:
-            return tile_compute(c, shape, tag, threads)
+            plain = (lambda pc, ptag: schedule_compute(k, pc, ptag, target, threads, options)) \
+                if options.get("pack_operands", True) else None
+            return tile_compute(k, c, shape, tag, threads, plain)
     nest = compute_to_loops(c, tag)
     if not c.axes:
         return nest

@@ -18,11 +18,12 @@ weights). Then an MR×NR tile of outputs lives in MR·NR/lanes vector registers 
 Each reduction step loads the shared operand once (NR/lanes vector loads) and reuses it for MR FMAs."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from kiln.kernel.ir import (Assign, Bin, Compute, Const, Expr, If, Kernel, Load, Local, LocalRef, Loop, Reduce,
+from kiln.kernel.ir import (Assign, Bin, Buffer, Compute, Const, Expr, If, Kernel, Load, Local, LocalRef, Loop, Reduce,
                             Stmt, Store, Var, children, cmp, init_value, minimum, rebuild, substitute, walk)
 from kiln.schedule.primitives import combine
 from kiln.target import Target
@@ -80,11 +81,57 @@ def choose_tile(k: Kernel, c: Compute, target: Target) -> TileShape | None:
     return TileShape(best[0], n_axis, mr, nr, lanes)
 
 
-def tile_compute(c: Compute, t: TileShape, tag: str, threads: int) -> list[Stmt]:
+def _rows_alias(row_bytes: int, rows: int, sets: int = 64, line: int = 64, ways: int = 8) -> bool:
+    """Would `rows` rows `row_bytes` apart crowd one L1 set (more than half its ways)? Packing costs a copy
+    of A; it pays only when the rows evict each other (row strides near multiples of 4 KiB)."""
+    counts: dict[int, int] = {}
+    for i in range(rows):
+        s = (i * row_bytes // line) % sets
+        counts[s] = counts.get(s, 0) + 1
+    return max(counts.values()) > ways // 2
+
+
+def pack_rows(k: Kernel, c: Compute, red: Reduce, t: TileShape, mo: Var, mi: Var, tag: str
+              ) -> tuple[Compute, dict[Expr, Expr]] | None:
+    """Pack the broadcast operand A[m, r] into Ap[m / MR, r, m % MR] (rows past M repeat row M−1).
+
+    Without it the MR rows a tile broadcasts from sit K floats apart — with K a multiple of 1024 they all
+    map to the same L1 set and evict each other; packed, each reduction step reads MR contiguous floats."""
+    m_v, n_v = c.axes[t.m_axis], c.axes[t.n_axis]
+    M = c.extents[t.m_axis]
+    if len(red.axes) != 1 or M < 2 * t.mr or any(e != 1 for i, e in enumerate(c.extents) if i not in (t.m_axis, t.n_axis)):
+        return None
+    r, K = red.axes[0]
+    if K < 64 or not _rows_alias(K * 4, t.mr):
+        return None
+    rows = [ld for ld in walk(red.body) if isinstance(ld, Load) and _depends(ld, m_v) and not _depends(ld, n_v)]
+    if len(rows) != 1:
+        return None
+    a = rows[0]
+    if a.index[-2:] != (m_v, r) or any(i != Const(0, "int64") for i in a.index[:-2]):
+        return None
+    buf = Buffer(f"{a.buf}p{tag}", a.dtype, (-(-M // t.mr), K, t.mr))
+    k.scratch.append(buf)
+    p0, p1, p2 = Var("q0"), Var("q1"), Var("q2")
+    src = a.index[:-2] + (minimum(p0 * t.mr + p2, Const(M - 1, "int64")), p1)
+    pack = Compute(buf.name, (p0, p1, p2), buf.shape, Load(a.buf, src, a.dtype))
+    return pack, {a: Load(buf.name, (mo, r, mi), a.dtype)}
+
+
+def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
+                 schedule_plain: Callable[[Compute, str], list[Stmt]] | None = None) -> list[Stmt]:
     red = next(e for e in walk(c.body) if isinstance(e, Reduce))
     m_v, n_v = c.axes[t.m_axis], c.axes[t.n_axis]
     M, N = c.extents[t.m_axis], c.extents[t.n_axis]
     mo, no, mi, ni = Var(f"{m_v.name}o"), Var(f"{n_v.name}o"), Var(f"{m_v.name}i"), Var(f"{n_v.name}i")
+    packed = pack_rows(k, c, red, t, mo, mi, tag) if schedule_plain is not None else None
+    pre: list[Stmt] = []
+    if packed is not None:
+        pack, swap = packed
+        pre = schedule_plain(pack, f"{tag}p")
+        red_body = substitute(red.body, swap)
+    else:
+        red_body = red.body
     others = [(v, e) for i, (v, e) in enumerate(zip(c.axes, c.extents)) if i not in (t.m_axis, t.n_axis)]
     n_mo, n_no = -(-M // t.mr), -(-N // t.nr)
     # one parallel loop over (others…, no, mo): mo fastest, so consecutive tiles share the n-panel
@@ -104,7 +151,7 @@ def tile_compute(c: Compute, t: TileShape, tag: str, threads: int) -> list[Stmt]
         """The MR×NR tile; `edge` rows past M read row M−1 (clamped) and are not stored."""
         acc = f"acc{tag}"
         m_read = minimum(m_expr, Const(M - 1, "int64")) if edge else m_expr
-        term = simplify_panels(substitute(red.body, {m_v: m_read, n_v: n_expr}), ni, t.nr)
+        term = simplify_panels(substitute(red_body, {m_v: m_read, n_v: n_expr}), ni, t.nr)
         update: Stmt = Loop(mi, Const(t.mr, "int64"),
                             [Assign(acc, combine("sum", LocalRef(acc, red.dtype, mi), term), mi)], "unroll")
         for v, e in reversed(red.axes):
@@ -112,20 +159,20 @@ def tile_compute(c: Compute, t: TileShape, tag: str, threads: int) -> list[Stmt]
         out_idx = substitute_all(c.store_index, {m_v: m_expr, n_v: n_expr})
         epilogue = substitute(c.body, {red: LocalRef(acc, red.dtype, mi), m_v: m_expr, n_v: n_expr})
         store: Stmt = Store(c.out, out_idx, epilogue)
-        if edge:
+        if edge or (packed is not None and M % t.mr):
             store = If(cmp("<", m_expr, Const(M, "int64")), [store])
         return Loop(ni, n_ext, [Local(acc, red.dtype, init_value("sum", red.dtype), t.mr), update,
                                 Loop(mi, Const(t.mr, "int64"), [store], "unroll")], "vector", t.nr, masked=True)
 
     # full row blocks run a tile without clamps or guards: its MR rows are one base + constant offsets
-    if M % t.mr:
+    if M % t.mr and packed is None:
         full = cmp("<=", mo * t.mr + t.mr, Const(M, "int64"))
         tiles: list[Stmt] = [If(full, [tile(False)], [tile(True)])]
     else:
         tiles = [tile(False)]
     body = rename_tile(tiles, decode)
     kind = "parallel" if threads > 1 and total > 1 else "serial"
-    return [Loop(flat, Const(total, "int64"), body, kind)]
+    return pre + [Loop(flat, Const(total, "int64"), body, kind)]
 
 
 def simplify_panels(e: Expr, ni: Var, nr: int) -> Expr:
