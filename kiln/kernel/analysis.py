@@ -1,7 +1,10 @@
 """Index analysis shared by schedules and codegen: linearization and affine strides."""
 from __future__ import annotations
 
-from kiln.kernel.ir import Bin, Cast, Const, Expr, Load, Select, Un, Var
+from collections.abc import Callable
+
+from kiln.kernel.ir import (Bin, Cast, Compute, Const, Expr, Load, Select, Un, Var, children, rebuild, substitute,
+                            walk)
 
 
 def coef(e: Expr, v: Var) -> int | None:
@@ -34,7 +37,10 @@ def coef(e: Expr, v: Var) -> int | None:
 
 
 def flat_index(index: tuple[Expr, ...], shape: tuple[int, ...]) -> Expr:
-    """Row-major linearization, folding away size-1 dims and zero indices."""
+    """Row-major linearization, folding away size-1 dims and zero indices. A single index into a buffer of
+    higher rank is already linear (what `fuse_contiguous_axes` writes)."""
+    if len(index) == 1 and len(shape) != 1:
+        return index[0]
     flat: Expr | None = None
     stride = 1
     for i, d in reversed(list(zip(index, shape))):
@@ -43,3 +49,68 @@ def flat_index(index: tuple[Expr, ...], shape: tuple[int, ...]) -> Expr:
             flat = term if flat is None else term + flat
         stride *= d
     return flat if flat is not None else Const(0, "int64")
+
+
+def fuse_contiguous_axes(c: Compute, shape_of: Callable[[str], tuple[int, ...]]) -> Compute:
+    """Merge the two innermost output axes (a, b) into one axis f = a·B + b wherever every access is
+    affine with stride(a) = B·stride(b) — e.g. (h, w) of NCHW tensors in elementwise ops and 1×1
+    convolutions — so a 7×7 or 56×56 plane is one contiguous loop of 49 or 3136 and vectors fill.
+    Accesses become linear (single-index) loads and stores. Repeats while it applies."""
+    while len(c.axes) >= 2 and (c.store is None or len(c.store) == 1):
+        a, b = c.axes[-2], c.axes[-1]
+        B = c.extents[-1]
+        f = Var(f"{a.name}{b.name}")
+        accesses = [x for x in walk(c.body) if isinstance(x, Load)] + [Load(c.out, c.store_index)]
+        rewritten: dict[Expr, Expr] = {}
+        ok = True
+        for ld in accesses:
+            flat = flat_index(ld.index, shape_of(ld.buf))
+            ca, cb = coef(flat, a), coef(flat, b)
+            if ca is None or cb is None or ca != cb * B or any(_uses(i, (a, b)) for i in _index_loads(ld)):
+                ok = False
+                break
+            rewritten[ld] = Load(ld.buf, (substitute(flat, {a: Const(0, "int64"), b: f}),), ld.dtype)
+        if not ok or _uses(_strip_loads(c.body), (a, b)):
+            break
+        store = rewritten.pop(Load(c.out, c.store_index))
+        body = _replace(c.body, rewritten)
+        c = Compute(c.out, c.axes[:-2] + (f,), c.extents[:-2] + (c.extents[-2] * B,), body, store.index, c.hints)
+    return c
+
+
+def _uses(e: Expr, vs: tuple[Var, ...]) -> bool:
+    return any(x in vs for x in walk(e))
+
+
+def _index_loads(ld: Load) -> list[Load]:
+    """Loads nested inside a load's index (gathers): their own indices must not use the fused axes."""
+    return [x for i in ld.index for x in walk(i) if isinstance(x, Load)]
+
+
+def _strip_loads(e: Expr) -> Expr:
+    """e with every load replaced by a constant: what remains uses axes outside addresses (selects, counts)."""
+    memo: dict[Expr, Expr] = {}
+
+    def go(x: Expr) -> Expr:
+        if x not in memo:
+            if isinstance(x, Load):
+                memo[x] = Const(0, x.dtype)
+            else:
+                kids = children(x)
+                memo[x] = rebuild(x, [go(k) for k in kids]) if kids else x
+        return memo[x]
+    return go(e)
+
+
+def _replace(e: Expr, mapping: dict[Expr, Expr]) -> Expr:
+    """Replace whole loads (bottom-up identity match on the original loads)."""
+    memo: dict[Expr, Expr] = {}
+
+    def go(x: Expr) -> Expr:
+        if x in mapping:
+            return mapping[x]
+        if x not in memo:
+            kids = children(x)
+            memo[x] = rebuild(x, [go(k) for k in kids]) if kids else x
+        return memo[x]
+    return go(e)

@@ -27,9 +27,13 @@ class Expr:
         if isinstance(b, Const) and not isinstance(b.value, bool) and self.dtype != "bool":
             if (op in ("*", "//") and b.value == 1) or (op in ("+", "-") and b.value == 0):
                 return a
+            if op == "*" and b.value == 0 and self.dtype.startswith("int"):
+                return b
         if isinstance(a, Const) and not isinstance(a.value, bool) and self.dtype != "bool":
             if (op == "*" and a.value == 1) or (op == "+" and a.value == 0):
                 return b
+            if op == "*" and a.value == 0 and self.dtype.startswith("int"):
+                return a
         return Bin(op, a, b)
 
     def __add__(self, o: Any) -> Expr:
@@ -227,7 +231,7 @@ def rebuild(e: Expr, kids: list[Expr]) -> Expr:
         return Reduce(e.op, e.axes, kids[0])
     names = [f.name for f in fields(e) if isinstance(getattr(e, f.name), Expr)]
     if isinstance(e, Bin):
-        return Bin(e.op, *kids)
+        return kids[0]._bin(e.op, kids[1])  # re-apply the peepholes after substitution
     if isinstance(e, Un):
         return Un(e.op, kids[0])
     if isinstance(e, Select):

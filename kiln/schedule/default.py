@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kiln.kernel.analysis import coef, flat_index
+from kiln.kernel.analysis import coef, flat_index, fuse_contiguous_axes
 from kiln.kernel.ir import Assign, Compute, Const, Expr, Kernel, Load, Loop, Reduce, Stmt, Var, walk
 from kiln.schedule.primitives import compute_to_loops, fuse, parallel, split, vectorize
 from kiln.schedule.tile import choose_tile, tile_compute
@@ -23,6 +23,8 @@ def _elem_bits(k: Kernel, c: Compute) -> int:
 
 def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
                      options: dict[str, bool]) -> list[Stmt]:
+    if options.get("fuse_axes", True):
+        c = fuse_contiguous_axes(c, lambda name: k.buffer(name).shape)
     if options.get("register_tile", True) and options.get("vectorize", True):
         shape = choose_tile(k, c, target)
         if shape is not None:

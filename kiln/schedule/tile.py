@@ -44,7 +44,7 @@ def _depends(e: Expr, v: Var) -> bool:
 
 def choose_tile(k: Kernel, c: Compute, target: Target) -> TileShape | None:
     reds = [e for e in walk(c.body) if isinstance(e, Reduce)]
-    if len(reds) != 1 or reds[0].op != "sum" or len(c.axes) < 2 or c.store is not None:
+    if len(reds) != 1 or reds[0].op != "sum" or len(c.axes) < 2 or (c.store is not None and len(c.store) != 1):
         return None
     red = reds[0]
     if red.dtype != "float32":
@@ -59,7 +59,7 @@ def choose_tile(k: Kernel, c: Compute, target: Target) -> TileShape | None:
         nr = c.hints["nr"]
         nvec = max(1, nr // lanes)
         m_ext = c.extents[c.hints["m_axis"]]
-        return TileShape(c.hints["m_axis"], n_axis, max(1, min((regs - nvec - 2) // nvec, m_ext, 16)), nr, lanes)
+        return TileShape(c.hints["m_axis"], n_axis, pick_mr(m_ext, (regs - nvec - 2) // nvec), nr, lanes)
     best: tuple[int, int] | None = None
     for ai, (v, ext) in enumerate(zip(c.axes[:-1], c.extents[:-1])):
         if ext < 2:
@@ -77,8 +77,17 @@ def choose_tile(k: Kernel, c: Compute, target: Target) -> TileShape | None:
         eff = n_ext / (-(-n_ext // nr) * nr)
         options.append((round(eff, 2), nvec == 2, nr, nvec))
     _, _, nr, nvec = max(options)
-    mr = max(1, min((regs - nvec - 2) // nvec, best[1], 16))
-    return TileShape(best[0], n_axis, mr, nr, lanes)
+    return TileShape(best[0], n_axis, pick_mr(best[1], (regs - nvec - 2) // nvec), nr, lanes)
+
+
+def pick_mr(m: int, most: int) -> int:
+    """Rows per tile: as many as the registers allow, but not so many that the last row block is mostly
+    empty (M=64 with 14 rows wastes 6 of 70; 8 rows waste none)."""
+    most = max(1, min(most, 16, m))
+    for r in range(most, max(1, most // 2) - 1, -1):
+        if -(-m // r) * r <= m * 1.03:  # at most 3% of the tile rows wasted
+            return r
+    return min(range(max(1, most // 2), most + 1), key=lambda r: (-(-m // r) * r, -r))
 
 
 def _rows_alias(row_bytes: int, rows: int, sets: int = 64, line: int = 64, ways: int = 8) -> bool:
