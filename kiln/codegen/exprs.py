@@ -154,22 +154,43 @@ class ExprEmitter:
         n = self.vec.lanes
         vt = ir.VectorType(mt, n)
         mask = self.vec.mask
+        # masked-off lanes read 1 for integers (an integer divide by them must not trap), 0 for floats
+        fill = ir.Constant(vt, [1] * n) if isinstance(mt, ir.IntType) else ir.Constant(vt, None)
         if c == 1:
             p = self.b.gep(ptr, [self._at_base(flat)], source_etype=mt)
             if mask is None:
                 val = self.b.load(p, typ=vt, align=align)
             else:
                 fn = self._decl(f"llvm.masked.load.v{n}{self._tname(mt)}.p0", vt, [PTR, I32, ir.VectorType(I1, n), vt])
-                val = self.b.call(fn, [p, ir.Constant(I32, align), mask, ir.Constant(vt, None)])
+                val = self.b.call(fn, [p, ir.Constant(I32, align), mask, fill])
             return self._from_memory(val, dtype), True
+        if c in (2, 3, 4) and n * c <= 64:
+            return self._from_memory(self.strided_load(ptr, flat, c, mt, align), dtype), True
         idx, _ = self.ev(flat)
         ptrs = self.lane_pointers(ptr, idx, mt)
         fn = self._decl(f"llvm.masked.gather.v{n}{self._tname(mt)}.v{n}p0", vt,
                         [ir.VectorType(PTR, n), I32, ir.VectorType(I1, n), vt])
         all_on = ir.Constant(ir.VectorType(I1, n), [1] * n)
-        val = self.b.call(fn, [ptrs, ir.Constant(I32, align), mask if mask is not None else all_on,
-                               ir.Constant(vt, None)])
+        val = self.b.call(fn, [ptrs, ir.Constant(I32, align), mask if mask is not None else all_on, fill])
         return self._from_memory(val, dtype), True
+
+    def strided_load(self, ptr: ir.Value, flat: Expr, c: int, mt: ir.Type, align: int) -> ir.Value:
+        """Lanes c elements apart (stride-2 convolutions and pooling): one masked contiguous load of
+        c·(n−1)+1 elements and a shuffle that keeps every c-th, instead of a gather."""
+        n, B = self.vec.lanes, self.b
+        wide = ir.VectorType(mt, n * c)
+        mw = ir.VectorType(I1, n * c)
+        need = [1 if j <= c * (n - 1) else 0 for j in range(n * c)]  # never touch past the last lane's element
+        mask: ir.Value = ir.Constant(mw, need)
+        if self.vec.mask is not None:  # a wide lane is live if its narrow lane (j // c) is
+            spread = B.shuffle_vector(self.vec.mask, self.vec.mask,
+                                      ir.Constant(ir.VectorType(I32, n * c), [j // c for j in range(n * c)]))
+            mask = B.and_(mask, spread)
+        fill = ir.Constant(wide, [1] * (n * c)) if isinstance(mt, ir.IntType) else ir.Constant(wide, None)
+        p = B.gep(ptr, [self._at_base(flat)], source_etype=mt)
+        fn = self._decl(f"llvm.masked.load.v{n * c}{self._tname(mt)}.p0", wide, [PTR, I32, mw, wide])
+        val = B.call(fn, [p, ir.Constant(I32, align), mask, fill])
+        return B.shuffle_vector(val, val, ir.Constant(ir.VectorType(I32, n), [j * c for j in range(n)]))
 
     def _decl(self, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
         return self.m.globals.get(name) or ir.Function(self.m, ir.FunctionType(ret, args), name)

@@ -47,7 +47,7 @@ def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: i
 
     def rebuild(loops: list[Loop], body: list[Stmt]) -> list[Stmt]:
         for lp in reversed(loops):
-            body = [Loop(lp.var, lp.extent, body, lp.kind, lp.lanes)]
+            body = [Loop(lp.var, lp.extent, body, lp.kind, lp.lanes, lp.masked)]
         return body
 
     inner = chain[-1]

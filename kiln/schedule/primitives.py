@@ -75,7 +75,7 @@ def fuse(outer: Loop) -> Loop:
     assert isinstance(n, Const) and isinstance(m, Const)
     v = Var(f"{outer.var.name}_{inner.var.name}")
     body = rename(inner.body, {outer.var: v // m.value, inner.var: v % m.value})
-    return Loop(v, Const(n.value * m.value, "int64"), body, outer.kind)
+    return Loop(v, Const(n.value * m.value, "int64"), body, outer.kind, outer.lanes, outer.masked)
 
 
 def split(loop: Loop, factor: int) -> Loop:
@@ -90,30 +90,30 @@ def split(loop: Loop, factor: int) -> Loop:
     vo, vi = Var(loop.var.name + "o"), Var(loop.var.name + "i")
     from kiln.kernel.ir import minimum
     ext: Expr = Const(factor, "int64") if n % factor == 0 else minimum(Const(factor, "int64"), Const(n, "int64") - vo * factor)
-    inner = Loop(vi, ext, rename(loop.body, {loop.var: vo * factor + vi}), loop.kind, loop.lanes)
+    inner = Loop(vi, ext, rename(loop.body, {loop.var: vo * factor + vi}), loop.kind, loop.lanes, loop.masked)
     return Loop(vo, Const(-(-n // factor), "int64"), [inner])
 
 
-def vectorize(loop: Loop, lanes: int) -> Loop:
+def vectorize(loop: Loop, lanes: int, masked: bool = True) -> Loop:
     """Mark a loop to be emitted `lanes` at a time (vector registers), with a scalar remainder.
 
         for j in 0..N: S(j)
     becomes
-        for j in 0..N step L: S(j..j+L-1) as one vector op each;  for j in N-N%L..N: S(j)
-    Loads whose address moves by 1 with j become vector loads, those that do not depend on j broadcasts,
-    others gathers."""
-    return Loop(loop.var, loop.extent, loop.body, "vector", lanes)
+        for j in 0..N step L: S(j..j+L-1) as one vector op each;  then S(N-N%L..N-1) as one masked vector op
+    (or, unmasked, a scalar loop for the remainder). Loads whose address moves by 1 with j become vector
+    loads, by 2–4 a wide load and a shuffle, not at all a broadcast, anything else a gather."""
+    return Loop(loop.var, loop.extent, loop.body, "vector", lanes, masked)
 
 
 def parallel(loop: Loop) -> Loop:
     """Run the iterations of an outermost loop on the thread pool (static chunks, one per thread).
 
         for i in 0..N: S(i)   becomes   parallel for i in 0..N: S(i)"""
-    return Loop(loop.var, loop.extent, loop.body, "parallel", loop.lanes)
+    return Loop(loop.var, loop.extent, loop.body, "parallel", loop.lanes, loop.masked)
 
 
 def unroll(loop: Loop) -> Loop:
     """Emit every iteration of a constant-extent loop (codegen repeats the body).
 
         for k in 0..3: S(k)   becomes   S(0); S(1); S(2)"""
-    return Loop(loop.var, loop.extent, loop.body, "unroll", loop.lanes)
+    return Loop(loop.var, loop.extent, loop.body, "unroll", loop.lanes, loop.masked)
