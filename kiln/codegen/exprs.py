@@ -106,6 +106,9 @@ class ExprEmitter:
         if isinstance(e, Un):
             return self.unary(e)
         if isinstance(e, Select):
+            guarded = self.guarded_load(e)
+            if guarded is not None:
+                return guarded
             c, cv = self.ev(e.cond)
             a, b, v = self.both(self.ev(e.a), self.ev(e.b))
             if v and not cv:
@@ -191,6 +194,47 @@ class ExprEmitter:
         fn = self._decl(f"llvm.masked.load.v{n * c}{self._tname(mt)}.p0", wide, [PTR, I32, mw, wide])
         val = B.call(fn, [p, ir.Constant(I32, align), mask, fill])
         return B.shuffle_vector(val, val, ir.Constant(ir.VectorType(I32, n), [j * c for j in range(n)]))
+
+    def guarded_load(self, e: Select) -> tuple[ir.Value, bool] | None:
+        """select(lo ≤ i ≤ hi ∧ …, X[…, clamp(i, lo, hi), …], c) — how padding reads its source — as one
+        masked load of X at the unclamped, affine index, with c in the masked-off lanes.
+
+        Valid because the condition holds exactly where the clamp is the identity (checked syntactically:
+        every clamp's two bounds tests must be conjuncts of the condition)."""
+        if self.vec is None or not isinstance(e.a, Load) or not isinstance(e.b, Const):
+            return None
+        conj, stack = set(), [e.cond]
+        while stack:
+            x = stack.pop()
+            if isinstance(x, Bin) and x.op == "and":
+                stack += [x.a, x.b]
+            else:
+                conj.add(x)
+        index = []
+        for i in e.a.index:
+            if isinstance(i, Bin) and i.op == "min" and isinstance(i.a, Bin) and i.a.op == "max" \
+                    and isinstance(i.b, Const) and isinstance(i.a.b, Const):
+                inner, lo, hi = i.a.a, i.a.b.value, i.b.value
+                if Bin(">=", inner, Const(lo, "int64")) not in conj or Bin("<", inner, Const(hi + 1, "int64")) not in conj:
+                    return None
+                index.append(inner)
+            else:
+                index.append(i)
+        ptr, dtype, flat = self.address(e.a.buf, tuple(index))
+        if coef(flat, self.vec.var) != 1 or dtype == "bool":
+            return None
+        cond, cv = self.ev(e.cond)
+        n = self.vec.lanes
+        mask = cond if cv else self.splat(cond)
+        if self.vec.mask is not None:
+            mask = self.b.and_(mask, self.vec.mask)
+        mt = MEMORY[dtype]
+        vt = ir.VectorType(mt, n)
+        p = self.b.gep(ptr, [self._at_base(flat)], source_etype=mt)
+        fn = self._decl(f"llvm.masked.load.v{n}{self._tname(mt)}.p0", vt, [PTR, I32, ir.VectorType(I1, n), vt])
+        fill = self.splat(self.const(Const(e.b.value, dtype)))
+        align = max(1, mt.width // 8) if isinstance(mt, ir.IntType) else (4 if mt == F32 else 8)
+        return self.b.call(fn, [p, ir.Constant(I32, align), mask, fill]), True
 
     def _decl(self, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
         return self.m.globals.get(name) or ir.Function(self.m, ir.FunctionType(ret, args), name)
