@@ -41,11 +41,12 @@ class KernelEmitter:
         for a in fn.args:
             a.attributes.add("noalias")
         b = ir.IRBuilder(fn.append_basic_block("entry"))
+        em = self.emitter(b, list(fn.args))  # one emitter: a top-level Local must outlive its statement
         for s in self.k.body:
             if isinstance(s, Loop) and s.kind == "parallel":
                 self.parallel(b, list(fn.args), s)
             else:
-                self.stmts(b, self.emitter(b, list(fn.args)), [s])
+                self.stmts(b, em, [s])
         b.ret_void()
         return fn
 

@@ -57,5 +57,5 @@ def _fold_into_linear(g: Graph, add: Node, s: np.ndarray, shift: np.ndarray, use
     w = mm.inputs[1].const.astype(np.float64)
     mm.inputs = [mm.inputs[0], _const(g, w * s, "w_bn")]
     i = add.inputs.index(c)
-    add.inputs[i] = _const(g, np.broadcast_to(c.const, add.outputs[0].shape[-1:]) * s + shift, "b_bn")
+    add.inputs[i] = _const(g, c.const.astype(np.float64) * s + shift, "b_bn")  # keeps c's (broadcast) shape
     return True
