@@ -19,7 +19,7 @@ def init_llvm() -> None:
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
     llvm.initialize_native_asmparser()
-    for lib in ("libgomp.so.1", ctypes.util.find_library("m") or "libm.so.6"):
+    for lib in (ctypes.util.find_library("m") or "libm.so.6",):
         llvm.load_library_permanently(lib)
 
 

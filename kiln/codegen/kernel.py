@@ -1,9 +1,8 @@
 """Emit one scheduled Kernel as an LLVM function `void @name(ptr b0, ..., ptr bn)`.
 
-Loops become counted loops; `vector` loops a vector main loop plus a scalar remainder; a top-level
-`parallel` loop is outlined into `@name.par<k>(ptr ctx)` and run through the OpenMP runtime's
-`GOMP_parallel` (libgomp keeps a persistent pool of threads between calls), one static chunk per
-thread."""
+Loops become counted loops; `vector` loops a vector main loop plus a masked (or scalar) remainder;
+`vector_reduce` loops a vector partial and one horizontal combine; a top-level `parallel` loop is outlined
+into `@name.par<k>(ptr ctx, i64 chunk)` and handed to Kiln's thread pool (runtime/threadpool.py)."""
 from __future__ import annotations
 
 from llvmlite import ir
@@ -13,18 +12,21 @@ from kiln.kernel.analysis import coef, flat_index
 from kiln.kernel.ir import Assign, Bin, Const, If, Kernel, Local, LocalRef, Loop, Stmt, Store, init_value
 
 NTHREADS_GLOBAL = "kiln.nthreads"
+PARALLEL_GLOBAL = "kiln.parallel"
 CHUNKS_PER_THREAD = 4
+PARALLEL_FN = ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, I32])
 
 
 def declare_runtime(m: ir.Module) -> None:
-    if "GOMP_parallel" in m.globals:
+    """Globals the entry point sets: the thread count and the pool's kiln_parallel (runtime/threadpool.py)."""
+    if NTHREADS_GLOBAL in m.globals:
         return
-    ir.Function(m, ir.FunctionType(ir.VoidType(), [PTR, PTR, I32, I32]), "GOMP_parallel")
-    ir.Function(m, ir.FunctionType(I32, []), "omp_get_thread_num")
-    ir.Function(m, ir.FunctionType(I32, []), "omp_get_num_threads")
     g = ir.GlobalVariable(m, I32, NTHREADS_GLOBAL)
     g.initializer = ir.Constant(I32, 1)
     g.linkage = "internal"
+    p = ir.GlobalVariable(m, I64, PARALLEL_GLOBAL)  # the function's address, as an integer
+    p.initializer = ir.Constant(I64, 0)
+    p.linkage = "internal"
 
 
 class KernelEmitter:
@@ -212,37 +214,34 @@ class KernelEmitter:
 
     # -- parallel loops ----------------------------------------------------------------------------------------------------
     def parallel(self, b: ir.IRBuilder, args: list[ir.Value], s: Loop) -> None:
-        """Outline the loop body into a worker run by every thread of the pool. Threads take chunks of
-        iterations from a shared atomic counter (≈ CHUNKS_PER_THREAD per thread), so a thread slowed by
-        another process on its core does not hold the others back, as a static split would."""
-        worker = ir.Function(self.m, ir.FunctionType(ir.VoidType(), [PTR]), f"{self.name}.par{self.n_par}")
+        """Outline the loop body into `worker(ctx, chunk)` and hand it to the thread pool
+        (kiln_parallel): ≈ CHUNKS_PER_THREAD chunks of iterations per thread, taken from a shared counter,
+        so a thread slowed by another process on its core does not hold the others back."""
+        worker = ir.Function(self.m, ir.FunctionType(ir.VoidType(), [PTR, I64]), f"{self.name}.par{self.n_par}")
         worker.linkage = "internal"
         self.n_par += 1
         wb = ir.IRBuilder(worker.append_basic_block("entry"))
-        ctx = worker.args[0]
+        ctx, chunk_id = worker.args
         ptrs = [wb.load(wb.gep(ctx, [ir.Constant(I32, i)], source_etype=PTR), typ=PTR) for i in range(len(args))]
-        counter = wb.gep(ctx, [ir.Constant(I32, len(args))], source_etype=PTR)
+        size = wb.load(wb.gep(ctx, [ir.Constant(I32, len(args))], source_etype=PTR), typ=I64)
         em = self.emitter(wb, ptrs)
-        nt = wb.sext(wb.call(self.m.globals["omp_get_num_threads"], []), I64)
         total = em.ev(s.extent)[0]
-        per = wb.mul(nt, ir.Constant(I64, CHUNKS_PER_THREAD))
-        chunk = wb.sdiv(wb.add(total, wb.sub(per, ir.Constant(I64, 1))), per)
-        grab, work, done = (worker.append_basic_block(x) for x in ("grab", "work", "done"))
-        wb.branch(grab)
-        wb.position_at_end(grab)
-        lo = wb.atomic_rmw("add", counter, chunk, "monotonic")
-        wb.cbranch(wb.icmp_signed("<", lo, total), work, done)
-        wb.position_at_end(work)
-        hi = wb.add(lo, chunk)
+        lo = wb.mul(chunk_id, size)
+        hi = wb.add(lo, size)
         hi = wb.select(wb.icmp_signed("<", hi, total), hi, total)
         self.loop(wb, em, Loop(s.var, s.extent, s.body, "serial"), lo, hi)
-        wb.branch(grab)
-        wb.position_at_end(done)
         wb.ret_void()
-        # caller: pack the buffer pointers and a zeroed chunk counter, fork
+        # caller: pack the buffer pointers and the chunk size, call the pool
+        em0 = self.emitter(b, args)
+        total = em0.ev(s.extent)[0]
+        nthreads = b.load(self.m.globals[NTHREADS_GLOBAL], typ=I32)
+        per = b.mul(b.sext(nthreads, I64), ir.Constant(I64, CHUNKS_PER_THREAD))
+        size = b.sdiv(b.add(total, b.sub(per, ir.Constant(I64, 1))), per)
+        size = b.select(b.icmp_signed(">", size, ir.Constant(I64, 0)), size, ir.Constant(I64, 1))
+        chunks = b.sdiv(b.add(total, b.sub(size, ir.Constant(I64, 1))), size)
         arr = self.entry_alloca(b, ir.ArrayType(PTR, len(args) + 1))
         for i, a in enumerate(args):
             b.store(a, b.gep(arr, [ir.Constant(I32, 0), ir.Constant(I32, i)]))
-        b.store(ir.Constant(I64, 0), b.gep(arr, [ir.Constant(I32, 0), ir.Constant(I32, len(args))]))
-        nthreads = b.load(self.m.globals[NTHREADS_GLOBAL], typ=I32)
-        b.call(self.m.globals["GOMP_parallel"], [worker, arr, nthreads, ir.Constant(I32, 0)])
+        b.store(size, b.gep(arr, [ir.Constant(I32, 0), ir.Constant(I32, len(args))]))
+        pool = b.inttoptr(b.load(self.m.globals[PARALLEL_GLOBAL], typ=I64), ir.PointerType(PARALLEL_FN))
+        b.call(pool, [worker, arr, chunks, nthreads])

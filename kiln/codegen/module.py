@@ -1,9 +1,12 @@
 """The whole model as ONE LLVM module with one entry point:
 
-    void kiln_main(ptr inputs[], ptr outputs[], ptr arena, ptr weights, i32 nthreads, ptr profile_hook)
+    void kiln_main(ptr inputs[], ptr outputs[], ptr arena, ptr weights, i32 nthreads, ptr profile_hook,
+                   ptr kiln_parallel)
 
 It calls the kernels in order with pointers from the static memory plan. Structurally identical kernels
-share one function. A non-null `profile_hook(i32 k)` is called after kernel k (for `--profile`)."""
+share one function. A non-null `profile_hook(i32 k)` is called after kernel k (for `--profile`);
+`kiln_parallel` is the process's thread pool (runtime/threadpool.py), passed in so a saved object needs
+nothing from the process that compiled it."""
 from __future__ import annotations
 
 import contextlib
@@ -12,7 +15,7 @@ from collections.abc import Iterator
 from llvmlite import ir
 
 from kiln.codegen.exprs import I32, I64, PTR
-from kiln.codegen.kernel import NTHREADS_GLOBAL, KernelEmitter, declare_runtime
+from kiln.codegen.kernel import NTHREADS_GLOBAL, PARALLEL_GLOBAL, KernelEmitter, declare_runtime
 from kiln.kernel.build import Program
 from kiln.kernel.ir import Kernel
 from kiln.runtime.memory import MemoryPlan
@@ -60,10 +63,11 @@ def build_module(prog: Program, plan: MemoryPlan, target: Target) -> tuple[ir.Mo
         called.append(fns[key].name)
 
     hook_ty = ir.PointerType(ir.FunctionType(ir.VoidType(), [I32]))  # typed, so llvmlite knows the callee type
-    entry = ir.Function(m, ir.FunctionType(ir.VoidType(), [PTR, PTR, PTR, PTR, I32, hook_ty]), ENTRY)
-    ins, outs, arena, weights, nthreads, hook = entry.args
+    entry = ir.Function(m, ir.FunctionType(ir.VoidType(), [PTR, PTR, PTR, PTR, I32, hook_ty, PTR]), ENTRY)
+    ins, outs, arena, weights, nthreads, hook, pool = entry.args
     b = ir.IRBuilder(entry.append_basic_block("entry"))
     b.store(nthreads, m.globals[NTHREADS_GLOBAL])
+    b.store(b.ptrtoint(pool, I64), m.globals[PARALLEL_GLOBAL])
     has_hook = b.icmp_unsigned("!=", hook, ir.Constant(hook_ty, None))
     for idx, (k, names) in enumerate(zip(prog.kernels, prog.bindings)):
         ptrs = []

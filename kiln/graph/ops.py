@@ -78,6 +78,7 @@ for _n, _f in {
 OPS["Cast"] = OpDef(lambda ts, a: [TensorType(a["to"], ts[0].shape)],
                     lambda xs, a: [xs[0].astype(a["to"])], "unary")
 
+
 def _pow(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """numpy refuses negative integer exponents of integers; ONNX (and onnxruntime) go through double."""
     return np.trunc(np.power(a.astype(np.float64), b)) if a.dtype.kind in "iu" else np.power(a, b)

@@ -186,7 +186,7 @@ def _flops(g: Group) -> float:
     """Multiply-add FLOPs of the group's anchors (what GFLOP/s figures count)."""
     total = 0.0
     for n in g.nodes:
-        if n.op == "MatMul":
+        if n.op in ("MatMul", "PackedMatMul"):
             total += 2.0 * n.outputs[0].type.size * n.inputs[0].shape[-1]
         elif n.op == "Conv":
             total += 2.0 * n.outputs[0].type.size * n.inputs[1].type.size / n.inputs[1].shape[0]

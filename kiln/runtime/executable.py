@@ -14,11 +14,12 @@ import numpy as np
 
 from kiln.codegen.jit import LoadedObject
 from kiln.codegen.module import ENTRY
+from kiln.runtime.threadpool import pool_address
 from kiln.target import Target
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 _ENTRY_T = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                            ctypes.c_int32, ctypes.c_void_p)
+                            ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p)
 _HOOK_T = ctypes.CFUNCTYPE(None, ctypes.c_int32)
 
 
@@ -43,6 +44,7 @@ class Executable:
         self._arena = _aligned(meta["arena_bytes"])
         self._code = LoadedObject(obj, target)
         self._entry = _ENTRY_T(self._code.address(ENTRY))
+        self._pool = pool_address()
         self._lock = threading.Lock()  # one arena: one run at a time
 
     @property
@@ -91,7 +93,7 @@ class Executable:
         with self._lock:
             self._entry(ctypes.addressof(in_ptrs), ctypes.addressof(out_ptrs), self._arena.ctypes.data,
                         self._weights.ctypes.data, self.num_threads,
-                        ctypes.cast(hook, ctypes.c_void_p) if hook else None)
+                        ctypes.cast(hook, ctypes.c_void_p) if hook else None, self._pool)
         return outs
 
     __call__ = run

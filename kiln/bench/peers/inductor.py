@@ -1,13 +1,14 @@
 """TorchInductor peer: `torch.compile` of the translated module with weight freezing.
 
-`torch._inductor.config.freezing = True` makes the weights compile-time constants (constant folding,
+`torch._inductor.config.freezing = True` (patched in for the compiling call only) makes the weights compile-time constants (constant folding,
 oneDNN weight prepacking for conv/linear); without it inductor on CPU is slower than eager. Strategies:
 "default" (mode=None) and "max-autotune" (also benchmarks GEMM templates; minutes of compile).
 Compilation happens in prepare() with a first call under `torch.no_grad()` (freezing applies only
 to inference graphs), so compile_s includes it.
 
 Threads: as the torch peer, `torch.set_num_threads(threads)` before compile and before every run;
-inductor's generated C++ uses ATen's OpenMP pool. Placement is left to libgomp and the OS.
+inductor's generated C++ runs on ATen's OpenMP pool and bakes the thread count of compile time into
+its kernels, hence the call before compiling. Placement is left to libgomp and the OS.
 """
 from __future__ import annotations
 
@@ -39,16 +40,13 @@ class InductorPeer(Peer):
     def prepare(self, workload: Workload, threads: int, strategy: str = "default") -> Runner:
         strategy = self.check(workload, threads, strategy)
         import torch
-        import torch._dynamo
         import torch._inductor.config as cfg
 
         set_threads(threads)
-        cfg.freezing = True
         gm, xs = module_and_inputs(workload)
         gm.eval()
-        torch._dynamo.reset()  # a fresh cache: this workload's guards only, threads read at compile
         compiled = torch.compile(gm, mode=None if strategy == "default" else strategy, fullgraph=True)
-        with torch.no_grad():
+        with cfg.patch(freezing=True), torch.no_grad():  # compilation happens at this first call
             compiled(*xs)
 
         def run() -> list[np.ndarray]:

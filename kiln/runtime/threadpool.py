@@ -1,0 +1,208 @@
+"""Kiln's thread pool, emitted as LLVM IR and JIT-compiled once per process.
+
+    kiln_parallel(fn, ctx, chunks, nthreads)   runs fn(ctx, c) for c in [0, chunks) on up to nthreads threads
+
+The caller works too, taking chunks from the same atomic counter as the pool's threads, and waits only
+for chunks in progress — never for a thread that has not started. On this shared 2-core machine that is
+the difference that matters: when the other core is busy a fork/join pool (OpenMP's barrier) stalls every
+parallel loop until the descheduled worker runs again (measured: a 0.2 ms depthwise conv took 16 ms),
+while here the caller simply finishes the loop alone.
+
+Synchronisation: one 64-bit state word = gen << 32 | holders << 1 | open. A worker joins the open job by
+CAS (holders + 1) — only then does it read the job's fields — and leaves with an atomic decrement. The
+caller publishes a job (fields, then state with open = 1, release), runs chunks, waits until every chunk is
+done, closes the job (open = 0) and waits until holders = 0 before the fields can be reused. Idle workers
+spin briefly, then sleep on a futex (the generation word)."""
+from __future__ import annotations
+
+import ctypes
+import functools
+
+from llvmlite import ir
+
+I1, I32, I64 = ir.IntType(1), ir.IntType(32), ir.IntType(64)
+PTR = ir.PointerType()
+CHUNK_FN = ir.FunctionType(ir.VoidType(), [PTR, I64])
+SYS_FUTEX, FUTEX_WAIT, FUTEX_WAKE = 202, 128, 129   # x86-64 Linux, *_PRIVATE
+SPINS = 20000
+MAX_WORKERS = 64
+
+
+def _g(m: ir.Module, name: str, t: ir.Type, init: int | None = 0) -> ir.GlobalVariable:
+    g = ir.GlobalVariable(m, t, name)
+    g.initializer = ir.Constant(t, init if not isinstance(t, ir.PointerType) else None)
+    g.linkage = "internal"
+    return g
+
+
+def la(b: ir.IRBuilder, g: ir.GlobalVariable, order: str, align: int) -> ir.Value:
+    """Atomic load of a global (llvmlite needs the loaded type spelled out)."""
+    return b.load_atomic(g, order, align, typ=g.value_type)
+
+
+def build_module() -> ir.Module:
+    m = ir.Module("kiln_threadpool")
+    state, gen32, sleepers = _g(m, "state", I64), _g(m, "gen32", I32), _g(m, "sleepers", I32)
+    fn_g, ctx_g = _g(m, "job_fn", I64), _g(m, "job_ctx", I64)  # pointers kept as integers (atomic i64)
+    total_g, next_g, done_g, limit_g = (_g(m, n, I64) for n in ("job_total", "job_next", "job_done", "job_limit"))
+    nworkers = _g(m, "nworkers", I32)
+    syscall = ir.Function(m, ir.FunctionType(I64, [I64], var_arg=True), "syscall")
+    pthread_create = ir.Function(m, ir.FunctionType(I32, [PTR, PTR, PTR, PTR]), "pthread_create")
+    pause = ir.Function(m, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse2.pause")
+
+    def loop(b: ir.IRBuilder, name: str):  # noqa: ANN202 - returns (head, body, exit) blocks
+        blocks = [b.append_basic_block(f"{name}.{x}") for x in ("head", "body", "exit")]
+        b.branch(blocks[0])
+        b.position_at_end(blocks[0])
+        return blocks
+
+    # run_chunks(): take chunks until none are left
+    run = ir.Function(m, ir.FunctionType(ir.VoidType(), []), "run_chunks")
+    run.linkage = "internal"
+    b = ir.IRBuilder(run.append_basic_block("entry"))
+    head, body, done = loop(b, "take")
+    i = b.atomic_rmw("add", next_g, ir.Constant(I64, 1), "monotonic")
+    total = la(b, total_g, "monotonic", 8)
+    b.cbranch(b.icmp_signed("<", i, total), body, done)
+    b.position_at_end(body)
+    fnp = b.inttoptr(la(b, fn_g, "monotonic", 8), ir.PointerType(CHUNK_FN))  # typed for the indirect call
+    b.call(fnp, [b.inttoptr(la(b, ctx_g, "monotonic", 8), PTR), i])
+    b.atomic_rmw("add", done_g, ir.Constant(I64, 1), "release")
+    b.branch(head)
+    b.position_at_end(done)
+    b.ret_void()
+
+    # worker(arg): wait for a new generation, join the open job if there is room, run chunks, leave
+    worker = ir.Function(m, ir.FunctionType(PTR, [PTR]), "worker")
+    worker.linkage = "internal"
+    b = ir.IRBuilder(worker.append_basic_block("entry"))
+    seen = b.alloca(I32)
+    b.store(ir.Constant(I32, 0), seen)
+    wait_head, _, _ = loop(b, "forever")
+    # spin, then sleep on the futex until gen32 != seen
+    spin = b.alloca(I32)
+    b.store(ir.Constant(I32, 0), spin)
+    poll = b.append_basic_block("poll")
+    b.branch(poll)
+    b.position_at_end(poll)
+    g = la(b, gen32, "acquire", 4)
+    s0 = b.load(seen, typ=I32)
+    new, idle = b.append_basic_block("new"), b.append_basic_block("idle")
+    b.cbranch(b.icmp_unsigned("!=", g, s0), new, idle)
+    b.position_at_end(idle)
+    n = b.add(b.load(spin, typ=I32), ir.Constant(I32, 1))
+    b.store(n, spin)
+    keep, sleep = b.append_basic_block("keep"), b.append_basic_block("sleep")
+    b.cbranch(b.icmp_unsigned("<", n, ir.Constant(I32, SPINS)), keep, sleep)
+    b.position_at_end(keep)
+    b.call(pause, [])
+    b.branch(poll)
+    b.position_at_end(sleep)
+    b.atomic_rmw("add", sleepers, ir.Constant(I32, 1), "seq_cst")
+    b.call(syscall, [ir.Constant(I64, SYS_FUTEX), gen32, ir.Constant(I32, FUTEX_WAIT), s0, ir.Constant(PTR, None)])
+    b.atomic_rmw("sub", sleepers, ir.Constant(I32, 1), "seq_cst")
+    b.store(ir.Constant(I32, 0), spin)
+    b.branch(poll)
+    b.position_at_end(new)
+    b.store(g, seen)
+    # join: CAS holders+1 while open and below the job's thread limit
+    join_head, join_try, join_out = loop(b, "join")
+    s = la(b, state, "acquire", 8)
+    is_open = b.icmp_unsigned("!=", b.and_(s, ir.Constant(I64, 1)), ir.Constant(I64, 0))
+    holders = b.and_(b.lshr(s, ir.Constant(I64, 1)), ir.Constant(I64, 0x7FFFFFFF))
+    room = b.icmp_signed("<", holders, la(b, limit_g, "monotonic", 8))
+    b.cbranch(b.and_(is_open, room), join_try, join_out)
+    b.position_at_end(join_try)
+    pair = b.cmpxchg(state, s, b.add(s, ir.Constant(I64, 2)), "acq_rel", "acquire")
+    joined = b.extract_value(pair, 1)
+    work = b.append_basic_block("work")
+    b.cbranch(joined, work, join_head)
+    b.position_at_end(work)
+    b.call(run, [])
+    b.atomic_rmw("sub", state, ir.Constant(I64, 2), "release")
+    b.branch(wait_head)
+    b.position_at_end(join_out)
+    b.branch(wait_head)
+
+    # kiln_parallel(fn, ctx, chunks, nthreads)
+    par = ir.Function(m, ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, I32]), "kiln_parallel")
+    fn, ctx, chunks, nthreads = par.args
+    b = ir.IRBuilder(par.append_basic_block("entry"))
+    want = b.sext(b.sub(nthreads, ir.Constant(I32, 1)), I64)           # helpers besides the caller
+    want = b.select(b.icmp_signed("<", want, ir.Constant(I64, MAX_WORKERS)), want, ir.Constant(I64, MAX_WORKERS))
+    # create missing workers (only ever grows)
+    tid = b.alloca(I64)
+    c_head, c_body, c_done = loop(b, "spawn")
+    have = b.sext(b.load(nworkers, typ=I32), I64)
+    b.cbranch(b.icmp_signed("<", have, want), c_body, c_done)
+    b.position_at_end(c_body)
+    b.call(pthread_create, [tid, ir.Constant(PTR, None), worker, ir.Constant(PTR, None)])
+    b.store(b.add(b.load(nworkers, typ=I32), ir.Constant(I32, 1)), nworkers)
+    b.branch(c_head)
+    b.position_at_end(c_done)
+    # publish
+    b.store_atomic(b.ptrtoint(fn, I64), fn_g, "monotonic", 8)
+    b.store_atomic(b.ptrtoint(ctx, I64), ctx_g, "monotonic", 8)
+    b.store_atomic(chunks, total_g, "monotonic", 8)
+    b.store_atomic(ir.Constant(I64, 0), next_g, "monotonic", 8)
+    b.store_atomic(ir.Constant(I64, 0), done_g, "monotonic", 8)
+    b.store_atomic(want, limit_g, "monotonic", 8)
+    old = la(b, state, "monotonic", 8)
+    gen = b.add(b.lshr(old, ir.Constant(I64, 32)), ir.Constant(I64, 1))
+    b.store_atomic(b.or_(b.shl(gen, ir.Constant(I64, 32)), ir.Constant(I64, 1)), state, "release", 8)
+    b.store_atomic(b.trunc(gen, I32), gen32, "release", 4)
+    wake, go = b.append_basic_block("wake"), b.append_basic_block("go")
+    b.cbranch(b.icmp_signed(">", la(b, sleepers, "seq_cst", 4), ir.Constant(I32, 0)), wake, go)
+    b.position_at_end(wake)
+    b.call(syscall, [ir.Constant(I64, SYS_FUTEX), gen32, ir.Constant(I32, FUTEX_WAKE), ir.Constant(I32, MAX_WORKERS)])
+    b.branch(go)
+    b.position_at_end(go)
+    b.call(run, [])
+
+    def wait_until(b: ir.IRBuilder, name: str, cond) -> None:  # noqa: ANN001 - cond(builder) -> i1 (true = done)
+        head, body, out = loop(b, name)
+        b.cbranch(cond(b), out, body)
+        b.position_at_end(body)
+        b.call(pause, [])
+        b.branch(head)
+        b.position_at_end(out)
+    wait_until(b, "alldone", lambda b: b.icmp_signed(">=", la(b, done_g, "acquire", 8), chunks))
+    # close the job, then wait for joined workers to leave before its fields may change
+    x_head, x_try, x_out = loop(b, "close")
+    s = la(b, state, "monotonic", 8)
+    pair = b.cmpxchg(state, s, b.and_(s, ir.Constant(I64, ~1)), "acq_rel", "monotonic")
+    b.cbranch(b.extract_value(pair, 1), x_out, x_try)
+    b.position_at_end(x_try)
+    b.branch(x_head)
+    b.position_at_end(x_out)
+
+    def no_holders(b: ir.IRBuilder) -> ir.Value:
+        h = b.and_(b.lshr(la(b, state, "acquire", 8), ir.Constant(I64, 1)), ir.Constant(I64, 0x7FFFFFFF))
+        return b.icmp_unsigned("==", h, ir.Constant(I64, 0))
+    wait_until(b, "drain", no_holders)
+    b.ret_void()
+    for f in (run, worker, par):  # blocks a loop() made but left unused (the worker never exits)
+        for blk in f.blocks:
+            if not blk.is_terminated:
+                ir.IRBuilder(blk).unreachable()
+    return m
+
+
+@functools.cache
+def pool_address() -> int:
+    """JIT the pool once per process; returns the address of kiln_parallel."""
+    from kiln.codegen.jit import LoadedObject, emit_object, optimize
+    from kiln.codegen.module import opaque_pointers
+    from kiln.target import host
+
+    with opaque_pointers():
+        text = str(build_module())
+    tgt = host()
+    obj = emit_object(optimize(text, tgt), tgt)
+    loaded = LoadedObject(obj, tgt)
+    _KEEP.append(loaded)
+    return loaded.address("kiln_parallel")
+
+
+_KEEP: list[object] = []
+PARALLEL_T = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32)
