@@ -2,6 +2,7 @@
 Lower.cpp): every stage can be printed between any two passes (`kiln explain`)."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -103,10 +104,25 @@ def cache_dir() -> str:
     return d
 
 
+@functools.cache
+def compiler_fingerprint() -> str:
+    """A hash of the compiler's own source: a changed Kiln never serves code an older Kiln compiled."""
+    root = os.path.dirname(os.path.abspath(__file__))
+    h = hashlib.sha256()
+    for sub in ("frontend", "graph", "kernel", "schedule", "codegen", "runtime", ""):
+        d = os.path.join(root, sub)
+        for dirpath, _, files in sorted(os.walk(d)) if sub else [(root, None, sorted(os.listdir(root)))]:
+            for f in sorted(files):
+                if f.endswith(".py"):
+                    with open(os.path.join(dirpath, f), "rb") as fh:
+                        h.update(f.encode() + fh.read())
+    return h.hexdigest()[:16]
+
+
 def _cache_key(model_bytes: bytes, target: Target, num_threads: int, options: dict[str, bool],
                input_shapes: dict | None) -> str:
     h = hashlib.sha256(model_bytes)
-    h.update(json.dumps([__version__, target.key, num_threads, sorted(options.items()),
+    h.update(json.dumps([__version__, compiler_fingerprint(), target.key, num_threads, sorted(options.items()),
                          sorted((k, list(v)) for k, v in (input_shapes or {}).items())]).encode())
     return h.hexdigest()[:32]
 

@@ -1,7 +1,8 @@
 """TorchInductor peer: `torch.compile` of the translated module with weight freezing.
 
-`torch._inductor.config.freezing = True` (patched in for the compiling call only) makes the weights compile-time constants (constant folding,
-oneDNN weight prepacking for conv/linear); without it inductor on CPU is slower than eager. Strategies:
+`torch._inductor.config.freezing = True` (patched in for the compiling call only) makes the weights
+compile-time constants (constant folding, oneDNN weight prepacking for conv/linear); without it
+inductor on CPU is slower than eager. Strategies:
 "default" (mode=None) and "max-autotune" (also benchmarks GEMM templates; minutes of compile).
 Compilation happens in prepare() with a first call under `torch.no_grad()` (freezing applies only
 to inference graphs), so compile_s includes it.
