@@ -49,17 +49,17 @@ def choose_tile(k: Kernel, c: Compute, target: Target) -> TileShape | None:
     red = reds[0]
     if red.dtype != "float32":
         return None
+    lanes, regs = target.lanes(32), target.vector_registers
+    if "nr" in c.hints:  # packed weights: the panel width is the tile width, the lowering names the axes
+        nr = c.hints["nr"]
+        n_axis, m_axis = c.hints.get("n_axis", -1) % len(c.axes), c.hints["m_axis"] % len(c.axes)
+        nvec = max(1, nr // lanes)
+        return TileShape(m_axis, n_axis, pick_mr(c.extents[m_axis], (regs - nvec - 2) // nvec), nr, lanes)
     n_axis = len(c.axes) - 1
     nv, n_ext = c.axes[n_axis], c.extents[n_axis]
     if n_ext < 4:
         return None
     loads = [e for e in walk(red.body) if isinstance(e, Load)]
-    lanes, regs = target.lanes(32), target.vector_registers
-    if "nr" in c.hints:  # packed weights: the panel width is the tile width
-        nr = c.hints["nr"]
-        nvec = max(1, nr // lanes)
-        m_ext = c.extents[c.hints["m_axis"]]
-        return TileShape(c.hints["m_axis"], n_axis, pick_mr(m_ext, (regs - nvec - 2) // nvec), nr, lanes)
     best: tuple[int, int] | None = None
     for ai, (v, ext) in enumerate(zip(c.axes[:-1], c.extents[:-1])):
         if ext < 2:
