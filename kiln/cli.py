@@ -102,7 +102,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         for name, sec in sorted(prof.items(), key=lambda kv: -kv[1])[:args.top]:
             per = sec / args.repeat
             gf = flops.get(name, 0) / per / 1e9 if per > 0 else 0
-            print(f"    {name:32s} {per * 1e3:9.3f} ms  {100 * sec / total:5.1f}%" + (f"  {gf:7.1f} GFLOP/s" if gf else ""))
+            rate = f"  {gf:7.1f} GFLOP/s" if gf else ""
+            print(f"    {name:32s} {per * 1e3:9.3f} ms  {100 * sec / total:5.1f}%{rate}")
     return status
 
 

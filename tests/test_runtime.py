@@ -16,7 +16,8 @@ def small_model(op: str = "Relu", opset: int = 17, **attrs: object) -> onnx.Mode
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 19])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 19])
     w = numpy_helper.from_array(np.linspace(-1, 1, 19, dtype=np.float32), "w")
-    nodes = [helper.make_node("Add", ["x", "w"], ["t"], name="add0"), helper.make_node(op, ["t"], ["y"], name="act0", **attrs)]
+    nodes = [helper.make_node("Add", ["x", "w"], ["t"], name="add0"),
+             helper.make_node(op, ["t"], ["y"], name="act0", **attrs)]
     g = helper.make_graph(nodes, "small", [x], [y], [w])
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
 

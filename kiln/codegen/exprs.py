@@ -43,7 +43,8 @@ class VectorCtx:
 class ExprEmitter:
     """Emits expressions for one function; `env` maps loop variables to i64 values."""
 
-    def __init__(self, builder: ir.IRBuilder, module: ir.Module, buffers: dict[str, tuple[ir.Value, str, tuple[int, ...]]],
+    def __init__(self, builder: ir.IRBuilder, module: ir.Module,
+                 buffers: dict[str, tuple[ir.Value, str, tuple[int, ...]]],
                  locals_: dict[str, tuple[ir.Value, bool]]):
         self.b, self.m, self.buffers, self.locals = builder, module, buffers, locals_
         self.env: dict[str, ir.Value] = {}
@@ -138,7 +139,8 @@ class ExprEmitter:
             return ir.Constant(t, float(e.value))
         if e.dtype == "bool":
             return ir.Constant(I1, int(bool(e.value)))
-        v = int(e.value) if np.isfinite(float(e.value)) else (np.iinfo(e.dtype).max if e.value > 0 else np.iinfo(e.dtype).min)
+        info = np.iinfo(e.dtype)
+        v = int(e.value) if np.isfinite(float(e.value)) else (info.max if e.value > 0 else info.min)
         return ir.Constant(t, v)
 
     def address(self, buf: str, index: tuple[Expr, ...]) -> tuple[ir.Value, str, Expr]:
@@ -215,7 +217,8 @@ class ExprEmitter:
             if isinstance(i, Bin) and i.op == "min" and isinstance(i.a, Bin) and i.a.op == "max" \
                     and isinstance(i.b, Const) and isinstance(i.a.b, Const):
                 inner, lo, hi = i.a.a, i.a.b.value, i.b.value
-                if Bin(">=", inner, Const(lo, "int64")) not in conj or Bin("<", inner, Const(hi + 1, "int64")) not in conj:
+                bounds = (Bin(">=", inner, Const(lo, "int64")), Bin("<", inner, Const(hi + 1, "int64")))
+                if any(b not in conj for b in bounds):
                     return None
                 index.append(inner)
             else:

@@ -56,7 +56,7 @@ class KernelEmitter:
         buffers = {buf.name: (p, buf.dtype, buf.shape) for buf, p in zip(self.bufs, ptrs)}
         return ExprEmitter(b, self.m, buffers, {})
 
-    # -- statements ------------------------------------------------------------------------------------------------------
+    # -- statements ------------------------------------------------------------------------------------------
     def stmts(self, b: ir.IRBuilder, em: ExprEmitter, body: list[Stmt]) -> None:
         for s in body:
             if isinstance(s, Loop):
@@ -185,7 +185,8 @@ class KernelEmitter:
         """A reduction loop `$acc = op($acc, x(r))` run `lanes` at a time into a vector partial, the tail
         masked with op's identity, then one horizontal reduction into $acc."""
         (upd,) = s.body
-        assert isinstance(upd, Assign) and isinstance(upd.value, Bin) and upd.value.a == LocalRef(upd.name, upd.value.dtype)
+        assert isinstance(upd, Assign) and isinstance(upd.value, Bin)
+        assert upd.value.a == LocalRef(upd.name, upd.value.dtype), "vector_reduce wants $acc = op($acc, x)"
         op = {"+": "sum", "*": "prod", "max": "max", "min": "min"}[upd.value.op]
         x, dtype, n = upd.value.b, upd.value.dtype, s.lanes
         ident = em.const(init_value(op, dtype))
@@ -212,7 +213,7 @@ class KernelEmitter:
         ptr, _ = em.local_slot(upd.name, upd.slot)
         b.store(em.combine(op, b.load(ptr, typ=ptr.allocated_type), total, dtype), ptr)
 
-    # -- parallel loops ----------------------------------------------------------------------------------------------------
+    # -- parallel loops --------------------------------------------------------------------------------------
     def parallel(self, b: ir.IRBuilder, args: list[ir.Value], s: Loop) -> None:
         """Outline the loop body into `worker(ctx, chunk)` and hand it to the thread pool
         (kiln_parallel): ≈ CHUNKS_PER_THREAD chunks of iterations per thread, taken from a shared counter,

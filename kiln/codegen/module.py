@@ -69,7 +69,7 @@ def build_module(prog: Program, plan: MemoryPlan, target: Target) -> tuple[ir.Mo
     b.store(nthreads, m.globals[NTHREADS_GLOBAL])
     b.store(b.ptrtoint(pool, I64), m.globals[PARALLEL_GLOBAL])
     has_hook = b.icmp_unsigned("!=", hook, ir.Constant(hook_ty, None))
-    for idx, (k, names) in enumerate(zip(prog.kernels, prog.bindings)):
+    for idx, names in enumerate(prog.bindings):
         ptrs = []
         for name in names:
             p = plan.place(prog, name)

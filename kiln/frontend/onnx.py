@@ -44,7 +44,8 @@ def load_model(model: onnx.ModelProto | str | bytes | os.PathLike) -> onnx.Model
 
 def dtype_of(elem_type: int, what: str) -> str:
     if elem_type not in _ONNX_DTYPES:
-        name = onnx.TensorProto.DataType.Name(elem_type) if elem_type in onnx.TensorProto.DataType.values() else elem_type
+        known = elem_type in onnx.TensorProto.DataType.values()
+        name = onnx.TensorProto.DataType.Name(elem_type) if known else elem_type
         raise UnsupportedOperator("<tensor type>", what, detail=f"element type {name} is not supported")
     return _ONNX_DTYPES[elem_type]
 
@@ -120,7 +121,8 @@ def import_onnx(model: onnx.ModelProto | str | bytes | os.PathLike,
             raise ModelError(f"initializer '{init.name}' cannot be read: {e}") from None
         if arr.dtype == np.float16:
             arr = arr.astype(np.float32)  # float16 storage is widened at import; compute is float32
-        env[init.name] = Value(init.name, TensorType(arr.dtype.name, tuple(arr.shape)), const=np.asarray(arr, order="C"))
+        arr = np.asarray(arr, order="C")
+        env[init.name] = Value(init.name, TensorType(arr.dtype.name, tuple(arr.shape)), const=arr)
     graph = Graph([], [], name=g.name or "main")
     shapes = dict(input_shapes or {})
     for inp in g.input:

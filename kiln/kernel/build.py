@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import kiln.kernel.lower_packed  # noqa: F401  (registers the PackedMatMul lowering)
 from kiln.graph.ir import Graph, Node, Value
 from kiln.graph.ops import OPS
 from kiln.kernel.ir import Buffer, Compute, Const, Expr, Kernel, Load, Reduce, children, rebuild, substitute, walk
-import kiln.kernel.lower_packed  # noqa: F401  (registers the PackedMatMul lowering)
 from kiln.kernel.lower import Lowered, axes_for, lower_node
 
 VIEW_OPS = {"Reshape"}
@@ -124,8 +124,9 @@ def inline(prod: Group, cons: Group) -> Group:
         return substitute(last.body, dict(zip(last.axes, load.index)))
     cons_last = cons.computes[-1]
     body = _replace_loads(cons_last.body, last.out, at)
-    merged = prod.computes[:-1] + cons.computes[:-1] + [Compute(cons_last.out, cons_last.axes, cons_last.extents,
-                                                                 body, cons_last.store, {**last.hints, **cons_last.hints})]
+    fused = Compute(cons_last.out, cons_last.axes, cons_last.extents, body, cons_last.store,
+                    {**last.hints, **cons_last.hints})
+    merged = prod.computes[:-1] + cons.computes[:-1] + [fused]
     return Group(merged, prod.temps + cons.temps, prod.nodes + cons.nodes, cons.output)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
@@ -202,7 +202,9 @@ def cmp(op: str, a: Expr, b: Any) -> Expr:
 
 
 def const_like(value: float | int, e: Expr) -> Const:
-    return Const(int(value) if e.dtype.startswith(("int", "uint")) else (bool(value) if e.dtype == "bool" else float(value)),
+    if e.dtype.startswith(("int", "uint")):
+        return Const(int(value), e.dtype)
+    return Const(bool(value) if e.dtype == "bool" else float(value),
                  e.dtype)
 
 
@@ -271,7 +273,7 @@ def uses_var(e: Expr, v: Var) -> bool:
     return any(x == v for x in walk(e))
 
 
-# -- compute definitions and loop nests ---------------------------------------------------------------------------------
+# -- compute definitions and loop nests ----------------------------------------------------------------------
 @dataclass(frozen=True)
 class Buffer:
     name: str
@@ -348,7 +350,7 @@ class If:
     orelse: list[Stmt] = field(default_factory=list)
 
 
-Stmt = Union[Loop, Store, Local, Assign, If]
+Stmt = Loop | Store | Local | Assign | If
 
 
 @dataclass

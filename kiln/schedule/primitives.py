@@ -4,8 +4,23 @@ Loop nests are lists of `Loop`/`Store`/`Local`/`Assign` (kiln.kernel.ir). Each p
 shows the nest before and after, TVM-style."""
 from __future__ import annotations
 
-from kiln.kernel.ir import (Assign, Compute, Const, Expr, If, Local, LocalRef, Loop, Reduce, Stmt, Store, Var,
-                            init_value, substitute, walk)
+from kiln.kernel.ir import (
+    Assign,
+    Compute,
+    Const,
+    Expr,
+    If,
+    Local,
+    LocalRef,
+    Loop,
+    Reduce,
+    Stmt,
+    Store,
+    Var,
+    init_value,
+    substitute,
+    walk,
+)
 
 
 def compute_to_loops(c: Compute, tag: str) -> list[Stmt]:
@@ -89,7 +104,8 @@ def split(loop: Loop, factor: int) -> Loop:
     n = loop.extent.value
     vo, vi = Var(loop.var.name + "o"), Var(loop.var.name + "i")
     from kiln.kernel.ir import minimum
-    ext: Expr = Const(factor, "int64") if n % factor == 0 else minimum(Const(factor, "int64"), Const(n, "int64") - vo * factor)
+    f = Const(factor, "int64")
+    ext: Expr = f if n % factor == 0 else minimum(f, Const(n, "int64") - vo * factor)
     inner = Loop(vi, ext, rename(loop.body, {loop.var: vo * factor + vi}), loop.kind, loop.lanes, loop.masked)
     return Loop(vo, Const(-(-n // factor), "int64"), [inner])
 

@@ -23,8 +23,31 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kiln.kernel.ir import (Assign, Bin, Buffer, Compute, Const, Expr, If, Kernel, Load, Local, LocalRef, Loop, Reduce,
-                            Stmt, Store, Var, children, cmp, init_value, minimum, rebuild, substitute, walk)
+from kiln.kernel.ir import (
+    Assign,
+    Bin,
+    Buffer,
+    Compute,
+    Const,
+    Expr,
+    If,
+    Kernel,
+    Load,
+    Local,
+    LocalRef,
+    Loop,
+    Reduce,
+    Stmt,
+    Store,
+    Var,
+    children,
+    cmp,
+    init_value,
+    minimum,
+    rebuild,
+    substitute,
+    walk,
+)
 from kiln.schedule.primitives import combine
 from kiln.target import Target
 
@@ -108,7 +131,8 @@ def pack_rows(k: Kernel, c: Compute, red: Reduce, t: TileShape, mo: Var, mi: Var
     map to the same L1 set and evict each other; packed, each reduction step reads MR contiguous floats."""
     m_v, n_v = c.axes[t.m_axis], c.axes[t.n_axis]
     M = c.extents[t.m_axis]
-    if len(red.axes) != 1 or M < 2 * t.mr or any(e != 1 for i, e in enumerate(c.extents) if i not in (t.m_axis, t.n_axis)):
+    others = [e for i, e in enumerate(c.extents) if i not in (t.m_axis, t.n_axis)]
+    if len(red.axes) != 1 or M < 2 * t.mr or any(e != 1 for e in others):
         return None
     r, K = red.axes[0]
     if K < 64 or not _rows_alias(K * 4, t.mr):
