@@ -7,7 +7,6 @@ minutes. TVM MetaSchedule tuning is marked slow.
 """
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
@@ -296,19 +295,13 @@ def test_spot_check_prepare_returns_the_real_run() -> None:
     assert via > 0 and direct > 0
 
 
-def _skip_unless_slow(request) -> None:
-    if not (request.config.getoption("--runslow", default=False) or os.environ.get("KILN_RUNSLOW")):
-        pytest.skip("slow: run with --runslow (or KILN_RUNSLOW=1)")
-
-
 ZOO_NETWORKS = ["mlp", "mobilenetv2", "resnet18", "bert_base"]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n, c in PEERS.items() if "network" in c.kinds])
-def test_zoo_networks(request, name: str) -> None:
-    """The real zoo networks (bert_base is 440 MB of weights) through each network peer."""
-    _skip_unless_slow(request)
+def test_zoo_networks(name: str) -> None:
+    """The real zoo networks (bert_base is 440 MB of weights) through each network peer (--runslow)."""
     peer = _peer(name)
     zoo = pytest.importorskip("kiln.zoo")
     for net in ZOO_NETWORKS:
@@ -319,8 +312,8 @@ def test_zoo_networks(request, name: str) -> None:
 
 
 @pytest.mark.slow
-def test_tvm_metaschedule_tunes_small_gemm(request, tmp_path) -> None:
-    _skip_unless_slow(request)
+def test_tvm_metaschedule_tunes_small_gemm(tmp_path) -> None:
+    """MetaSchedule with a tiny budget (--runslow): the tuned path builds and computes the right thing."""
     from kiln.bench.peers.tvm import TvmPeer
 
     peer = TvmPeer(trials=16, work_dir=str(tmp_path))

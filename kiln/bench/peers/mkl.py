@@ -1,19 +1,24 @@
 """Intel oneMKL SGEMM peer: `cblas_sgemm` from `libmkl_rt` (the `mkl` wheel), called through ctypes.
 
-Threads: the GNU OpenMP threading layer (`MKL_Set_Threading_Layer(GNU)`, libmkl_gnu_thread on
-libgomp) with `MKL_Set_Dynamic(0)` so MKL does not pick fewer threads on its own, and
-`MKL_Set_Num_Threads(threads)` before every call. Not the Intel layer (libiomp5): once torch is
-imported, its libgomp is in the global symbol scope, libiomp5's parallel regions then see
+Threads: the GNU OpenMP threading layer (MKL_THREADING_LAYER=GNU in the environment when libmkl_rt is
+loaded: libmkl_gnu_thread on libgomp) with `MKL_Set_Dynamic(0)` so MKL does not pick fewer threads on
+its own, and `MKL_Set_Num_Threads(threads)` before every call. Not the Intel layer (libiomp5): once
+torch is imported, its libgomp is in the global symbol scope, libiomp5's parallel regions then see
 `omp_get_thread_num() == 0` in every thread and each thread computes the whole product (C came out
-exactly 2x with 2 threads). Thread placement is left to libgomp and the OS.
+exactly 2x with 2 threads). `MKL_Set_Threading_Layer(GNU)` returns success yet leaves MKL sequential in
+this build (MKL_VERBOSE says "sequential"), hence the environment variable; prepare() checks that
+`MKL_Get_Max_Threads()` is the requested count, since MKL falls back silently.
+Thread placement is left to libgomp and the OS.
 The ISA path is MKL's own CPU dispatch. B is used as given; MKL packs it on every call.
 """
 from __future__ import annotations
 
 import ctypes
+import os
 
 from kiln.bench.peers.base import (
     Peer,
+    PeerError,
     Runner,
     cblas_sgemm_runner,
     dist_version,
@@ -23,7 +28,6 @@ from kiln.bench.peers.base import (
 )
 from kiln.bench.workload import Workload
 
-MKL_THREADING_GNU = 1
 _lib: ctypes.CDLL | None = None
 
 
@@ -34,14 +38,14 @@ def _load() -> ctypes.CDLL:
         path = prefix_lib("libmkl_rt.so", "libmkl_rt.so.3", "libmkl_rt.so.2")
         if path is None:
             raise OSError("libmkl_rt.so not found in the interpreter's lib dir")
+        os.environ["MKL_THREADING_LAYER"] = "GNU"  # read by libmkl_rt at its first call
         lib = ctypes.CDLL(str(path))
         p, i, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-        lib.MKL_Set_Threading_Layer.argtypes = [i]
-        lib.MKL_Set_Threading_Layer(MKL_THREADING_GNU)
         lib.cblas_sgemm.argtypes = [i, i, i, i, i, i, f, p, i, p, i, f, p, i]
         lib.cblas_sgemm.restype = None
         lib.MKL_Set_Num_Threads.argtypes = [i]
         lib.MKL_Set_Dynamic.argtypes = [i]
+        lib.MKL_Get_Max_Threads.restype = i
         _lib = lib
     return _lib
 
@@ -76,4 +80,7 @@ class MklPeer(Peer):
             lib.MKL_Set_Num_Threads(threads)
 
         set_threads()
+        if lib.MKL_Get_Max_Threads() != threads:
+            raise PeerError(f"MKL runs {lib.MKL_Get_Max_Threads()} threads, not {threads} "
+                            "(its threading layer did not load: sequential fallback)")
         return cblas_sgemm_runner(lib.cblas_sgemm, gemm_input(workload, g), g.b, g.m, g.n, g.k, set_threads)
