@@ -169,8 +169,27 @@ def busy_warning(roof: dict[str, Any]) -> str:
             "times are noisy, compare systems by their ratios within this run.")
 
 
+def overview_table(records: list[dict[str, Any]]) -> list[str]:
+    """One line per workload, one column per system (median ms; '✗' wrong, '·' not run): the run at a glance."""
+    systems: list[str] = []
+    for r in records:
+        if label(r) not in systems and not str(r.get("strategy", "")).startswith("ablate:"):
+            systems.append(label(r))
+    lines = ["| workload | " + " | ".join(systems) + " | kiln ÷ onnxruntime |",
+             "|---|" + "---:|" * (len(systems) + 1)]
+    for workload, recs in by_workload(records).items():
+        cells = []
+        for s in systems:
+            r = next((x for x in recs if label(x) == s), None)
+            cells.append("·" if r is None or r.get("status") in ("unavailable", "skipped")
+                         else ("✗" if not r["ok"] else (f"{r['median_ms']:.4g}" if r["median_ms"] else "–")))
+        lines.append(f"| {workload} | " + " | ".join(cells) + " | "
+                     f"{_ratio(baseline_ms(recs, 'kiln'), baseline_ms(recs, 'onnxruntime'))} |")
+    return lines
+
+
 def to_markdown(report: RunReport) -> str:
-    lines = _header(report.info)
+    lines = _header(report.info) + ["", "## Overview (median ms)", "", *overview_table(report.records)]
     for workload, recs in by_workload(report.records).items():
         kind = recs[0].get("kind", "")
         flops = recs[0].get("flops")
