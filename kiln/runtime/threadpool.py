@@ -8,7 +8,8 @@ the difference that matters: when the other core is busy a fork/join pool (OpenM
 parallel loop until the descheduled worker runs again (measured: a 0.2 ms depthwise conv took 16 ms),
 while here the caller simply finishes the loop alone.
 
-Synchronisation: one 64-bit state word = gen << 32 | holders << 1 | open. A worker joins the open job by
+Callers are serialized by a spin lock (two models may run at once from two Python threads: ctypes drops
+the GIL). Synchronisation: one 64-bit state word = gen << 32 | holders << 1 | open. A worker joins the open job by
 CAS (holders + 1) — only then does it read the job's fields — and leaves with an atomic decrement. The
 caller publishes a job (fields, then state with open = 1, release), runs chunks, waits until every chunk is
 done, closes the job (open = 0) and waits until holders = 0 before the fields can be reused. Idle workers
@@ -46,6 +47,7 @@ def build_module() -> ir.Module:
     fn_g, ctx_g = _g(m, "job_fn", I64), _g(m, "job_ctx", I64)  # pointers kept as integers (atomic i64)
     total_g, next_g, done_g, limit_g = (_g(m, n, I64) for n in ("job_total", "job_next", "job_done", "job_limit"))
     nworkers = _g(m, "nworkers", I32)
+    busy = _g(m, "busy", I32)  # one job at a time: callers from several threads (two models run at once) queue
     syscall = ir.Function(m, ir.FunctionType(I64, [I64], var_arg=True), "syscall")
     pthread_create = ir.Function(m, ir.FunctionType(I32, [PTR, PTR, PTR, PTR]), "pthread_create")
     pause = ir.Function(m, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse2.pause")
@@ -128,6 +130,13 @@ def build_module() -> ir.Module:
     par = ir.Function(m, ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, I32]), "kiln_parallel")
     fn, ctx, chunks, nthreads = par.args
     b = ir.IRBuilder(par.append_basic_block("entry"))
+    l_head, l_wait, l_got = loop(b, "lock")
+    got = b.extract_value(b.cmpxchg(busy, ir.Constant(I32, 0), ir.Constant(I32, 1), "acquire", "monotonic"), 1)
+    b.cbranch(got, l_got, l_wait)
+    b.position_at_end(l_wait)
+    b.call(pause, [])
+    b.branch(l_head)
+    b.position_at_end(l_got)
     want = b.sext(b.sub(nthreads, ir.Constant(I32, 1)), I64)           # helpers besides the caller
     want = b.select(b.icmp_signed("<", want, ir.Constant(I64, MAX_WORKERS)), want, ir.Constant(I64, MAX_WORKERS))
     # create missing workers (only ever grows)
@@ -180,6 +189,7 @@ def build_module() -> ir.Module:
         h = b.and_(b.lshr(la(b, state, "acquire", 8), ir.Constant(I64, 1)), ir.Constant(I64, 0x7FFFFFFF))
         return b.icmp_unsigned("==", h, ir.Constant(I64, 0))
     wait_until(b, "drain", no_holders)
+    b.store_atomic(ir.Constant(I32, 0), busy, "release", 4)
     b.ret_void()
     for f in (run, worker, par):  # blocks a loop() made but left unused (the worker never exits)
         for blk in f.blocks:
