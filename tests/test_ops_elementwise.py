@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import C, check_op, expect_unsupported, rand
+
+from conftest import C, check_op, rand
 
 # odd sizes (not multiples of the 16-float vector), 1-D … 5-D, and one shape big enough to run in parallel
 SHAPES = [(1,), (7,), (17,), (3, 33), (2, 3, 17), (1, 3, 5, 7), (2, 1, 3, 4, 5), (2, 129, 131)]
@@ -250,11 +251,6 @@ def test_mod_int(fmod: int, dtype: str, const: bool) -> None:
     a = rand(5, 17, lo=-50, hi=50, seed=1, dtype=dtype)
     b = rand(17, lo=1, hi=9, seed=2, dtype=dtype) * np.where(rand(17, seed=3) > 0, 1, -1).astype(dtype)
     check_op("Mod", [C(a) if const else a, C(b) if const else b], rtol=EXACT, attrs={"fmod": fmod})
-
-
-def test_mod_fmod0_float_is_unsupported() -> None:
-    """ONNX requires fmod=1 for floating-point Mod."""
-    expect_unsupported("Mod", [rand(3, 17), rand(17, lo=1, hi=2)], attrs={"fmod": 0}, match="fmod=0")
 
 
 @pytest.mark.parametrize("sa,sb", PAIRS[:-1], ids=PAIR_IDS[:-1])

@@ -5,7 +5,8 @@ summation order differs from onnxruntime's."""
 from __future__ import annotations
 
 import pytest
-from conftest import C, check_op, expect_unsupported, rand
+
+from conftest import C, check_op, rand
 
 TOL = 1e-4
 
@@ -144,8 +145,8 @@ def test_conv_transpose(case: str, bias: bool) -> None:
 @pytest.mark.parametrize("attrs", [{"output_shape": [11, 13], "strides": [2, 2]},
                                    {"auto_pad": "SAME_UPPER", "strides": [2, 2]}],
                          ids=["output_shape", "auto_pad"])
-def test_conv_transpose_unsupported_attrs(attrs: dict) -> None:
-    expect_unsupported("ConvTranspose", [rand(1, 4, 5, 6), C(rand(4, 3, 3, 3))], attrs=attrs)
+def test_conv_transpose_output_shape_and_auto_pad(attrs: dict) -> None:
+    check_op("ConvTranspose", [rand(1, 4, 5, 6), C(rand(4, 3, 3, 3))], rtol=TOL, attrs=attrs)
 
 
 def test_conv_on_constant_input() -> None:

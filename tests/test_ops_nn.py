@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from conftest import C, check_op, expect_unsupported, rand
+from conftest import C, check_op, rand
 
 ARITH, TOL = 1e-5, 1e-4
 
@@ -73,14 +73,13 @@ def test_averagepool_same(case: str, include_pad: int) -> None:
     check_op("AveragePool", [rand(*xs)], rtol=TOL, attrs={**attrs, "count_include_pad": include_pad})
 
 
-def test_averagepool_dilations_is_unsupported() -> None:
-    expect_unsupported("AveragePool", [rand(1, 2, 7, 7)], attrs={"kernel_shape": [2, 2], "dilations": [2, 2]},
-                       opset=19, match="dilations")
+def test_averagepool_dilations() -> None:
+    check_op("AveragePool", [rand(1, 2, 7, 7)], rtol=TOL, attrs={"kernel_shape": [2, 2], "dilations": [2, 2]},
+             opset=19)
 
 
-def test_maxpool_indices_output_is_unsupported() -> None:
-    expect_unsupported("MaxPool", [rand(1, 2, 7, 7)], attrs={"kernel_shape": [2, 2]}, n_out=2,
-                       match="Indices")
+def test_maxpool_indices_output() -> None:
+    check_op("MaxPool", [rand(1, 2, 7, 7)], rtol=0.0, attrs={"kernel_shape": [2, 2]}, n_out=2)  # exact
 
 
 @pytest.mark.parametrize("p", [1, 2, 3])
@@ -108,11 +107,6 @@ def _bn_params(c: int, seed: int = 5) -> list[C]:
 def test_batchnorm(shape: tuple[int, ...], epsilon: float) -> None:
     check_op("BatchNormalization", [rand(*shape)] + _bn_params(shape[1]), rtol=ARITH,
              attrs={"epsilon": epsilon})
-
-
-def test_batchnorm_training_mode_is_unsupported() -> None:
-    expect_unsupported("BatchNormalization", [rand(2, 3, 5, 5)] + _bn_params(3), attrs={"training_mode": 1},
-                       n_out=3, match="training")
 
 
 def _conv_bn_model(bias: bool, opset: int = 17):  # noqa: ANN202
@@ -188,8 +182,8 @@ def test_layernorm_runtime_scale_and_bias() -> None:
     check_op("LayerNormalization", [rand(2, 3, 17), rand(17, seed=1), rand(17, seed=2)], rtol=TOL)
 
 
-def test_layernorm_extra_outputs_are_unsupported() -> None:
-    expect_unsupported("LayerNormalization", [rand(2, 17), C(rand(17))], n_out=3, match="Mean")
+def test_layernorm_mean_and_invstddev_outputs() -> None:
+    check_op("LayerNormalization", [rand(2, 17), C(rand(17))], rtol=TOL, n_out=3)
 
 
 @pytest.mark.parametrize("shape", [(2, 3, 17), (1, 4, 5, 7), (2, 3, 2, 3, 5), (1, 16, 33, 33)], ids=str)

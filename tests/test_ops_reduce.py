@@ -135,5 +135,6 @@ def test_argreduce_defaults_and_int64(op: str) -> None:
     check_op(op, [C(rand(5, 7, 3))], rtol=EXACT, attrs={"axis": 2})
 
 
-def test_argmax_select_last_index_is_unsupported() -> None:
-    expect_unsupported("ArgMax", [rand(3, 5)], attrs={"select_last_index": 1}, match="select_last_index")
+def test_argmax_select_last_index() -> None:
+    x = np.repeat(rand(3, 5), 2, axis=1)  # ties everywhere: first and last index differ
+    check_op("ArgMax", [x], rtol=EXACT, attrs={"select_last_index": 1})

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import C, check, check_op, check_op_chained, make_model, rand
 from onnx import helper
+
+from conftest import C, check, check_op, check_op_chained, make_model, rand
 
 EXACT = 0.0
 I64 = np.iinfo(np.int64)
@@ -355,3 +356,10 @@ def test_constant_outputs() -> None:
     nodes = [_n("Constant", [], ["c"], value=helper.make_tensor("", 1, [2, 2], [1, 2, 3, 4])),
              _n("Constant", [], ["f"], value_floats=[0.5, -1.5]), _n("Identity", ["x"], ["y"])]
     check(make_model(nodes, {"x": x}, ["c", "f", "y"], {}, 17), {"x": x}, rtol=EXACT)
+
+
+@pytest.mark.parametrize("op", ["HannWindow", "HammingWindow", "BlackmanWindow"])
+@pytest.mark.parametrize("periodic", [0, 1])
+def test_window_ops(op: str, periodic: int) -> None:
+    """Constant-size window generators (opset 17): evaluated at import, copied to the output."""
+    check_op(op, [C(np.array(10, np.int64))], rtol=1e-5, attrs={"periodic": periodic})

@@ -290,10 +290,10 @@ class ExprEmitter:
         B = self.b
         if op in _FCMP:
             return (B.fcmp_ordered(op, a, b) if op != "!=" else B.fcmp_unordered(op, a, b)) if fl else \
-                B.icmp_unsigned(op, a, b) if dt in ("uint8", "bool") else B.icmp_signed(op, a, b), vec
+                self.icmp(op, a, b, dt), vec
         if op in ("max", "min"):
             pick = ">" if op == "max" else "<"
-            c = B.fcmp_ordered(pick, a, b) if fl else B.icmp_signed(pick, a, b)
+            c = B.fcmp_ordered(pick, a, b) if fl else self.icmp(pick, a, b, dt)
             if fl:  # propagate NaN like numpy: if a is NaN pick a
                 c = B.or_(c, B.fcmp_unordered("uno", a, a))
             return B.select(c, a, b), vec
@@ -335,6 +335,12 @@ class ExprEmitter:
             return self.libcall_scalarized("erf", x, vec), vec
         return self.intrinsic(_LIBM_UNARY[op], x.type, [x]), vec
 
+    def icmp(self, op: str, a: ir.Value, b: ir.Value, dtype: str) -> ir.Value:
+        """Integer compare: bool (i1) and uint8 unsigned — signed i1 would order True (−1) below False."""
+        if dtype in ("bool", "uint8"):
+            return self.b.icmp_unsigned(op, a, b)
+        return self.b.icmp_signed(op, a, b)
+
     def combine(self, op: str, a: ir.Value, b: ir.Value, dtype: str) -> ir.Value:
         """One reduction step on same-shaped values (the semantics of kiln.schedule.primitives.combine)."""
         B, fl = self.b, is_float(dtype)
@@ -343,7 +349,7 @@ class ExprEmitter:
         if op == "prod":
             return B.fmul(a, b) if fl else B.mul(a, b)
         pick = ">" if op == "max" else "<"
-        c = B.fcmp_ordered(pick, a, b) if fl else B.icmp_signed(pick, a, b)
+        c = B.fcmp_ordered(pick, a, b) if fl else self.icmp(pick, a, b, dtype)
         if fl:
             c = B.or_(c, B.fcmp_unordered("uno", a, a))
         return B.select(c, a, b)

@@ -141,7 +141,11 @@ def import_onnx(model: onnx.ModelProto | str | bytes | os.PathLike,
             sym = [d.dim_param or "?" for d in tt.shape.dim]
             raise ValueError(f"input '{inp.name}' has symbolic dimensions {sym}: pass input_shapes="
                              f"{{'{inp.name}': (...)}} to compile for a concrete shape")
-        v = Value(inp.name, TensorType(dtype_of(tt.elem_type, inp.name), tuple(dims)))
+        dtype = dtype_of(tt.elem_type, inp.name)
+        if dtype == "float16":
+            raise UnsupportedOperator("<input>", inp.name, opset, "float16 graph inputs: Kiln computes in float32 and "
+                                      "keeps float16 for stored weights only; kiln.backend widens such inputs")
+        v = Value(inp.name, TensorType(dtype, tuple(dims)))
         graph.inputs.append(v)
         env[inp.name] = v
     if shapes:

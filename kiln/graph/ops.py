@@ -60,6 +60,13 @@ for _n, _f in {
     "Ceil": lambda x, a: np.ceil(x), "Round": lambda x, a: np.round(x), "Sin": lambda x, a: np.sin(x),
     "Cos": lambda x, a: np.cos(x), "Softplus": lambda x, a: np.logaddexp(0, x),
     "Sign": lambda x, a: np.sign(x),
+    "RoundFloat16": lambda x, a: x.astype(np.float16).astype(np.float32),  # float16 storage, float32 compute
+    "Tan": lambda x, a: np.tan(x), "Sinh": lambda x, a: np.sinh(x), "Cosh": lambda x, a: np.cosh(x),
+    "Asin": lambda x, a: np.arcsin(x), "Acos": lambda x, a: np.arccos(x), "Atan": lambda x, a: np.arctan(x),
+    "Asinh": lambda x, a: np.arcsinh(x), "Acosh": lambda x, a: np.arccosh(x), "Atanh": lambda x, a: np.arctanh(x),
+    "Softsign": lambda x, a: x / (1 + np.abs(x)),
+    "Swish": lambda x, a: x / (1 + np.exp(-a["alpha"] * x)),
+    "Shrink": lambda x, a: np.where(x < -a["lambd"], x + a["bias"], np.where(x > a["lambd"], x - a["bias"], 0)),
     "Identity": lambda x, a: x, "Not": lambda x, a: ~x,
     "Clip": lambda x, a: np.clip(x, a["min"], a["max"]),
     "LeakyRelu": lambda x, a: np.where(x >= 0, x, a["alpha"] * x),
@@ -75,6 +82,10 @@ for _n, _f in {
 }.items():
     _unary(_n, _f)
 
+OPS["IsNaN"] = OpDef(lambda ts, a: [TensorType("bool", ts[0].shape)], lambda xs, a: [np.isnan(xs[0])], "unary")
+OPS["IsInf"] = OpDef(lambda ts, a: [TensorType("bool", ts[0].shape)],
+                     lambda xs, a: [(np.isposinf(xs[0]) & bool(a["positive"]))
+                                    | (np.isneginf(xs[0]) & bool(a["negative"]))], "unary")
 OPS["Cast"] = OpDef(lambda ts, a: [TensorType(a["to"], ts[0].shape)],
                     lambda xs, a: [xs[0].astype(a["to"])], "unary")
 
@@ -88,6 +99,7 @@ _BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Pow": _pow, "Max": np.maximum,
     "Min": np.minimum, "PRelu": lambda x, s: np.where(x >= 0, x, x * s),
     "Div": lambda a, b: (np.trunc(a / b).astype(a.dtype) if a.dtype.kind in "iu" else a / b),
+    "BitAnd": np.bitwise_and, "BitOr": np.bitwise_or, "BitXor": np.bitwise_xor,
 }
 _COMPARE: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "Equal": np.equal, "Less": np.less, "Greater": np.greater, "LessOrEqual": np.less_equal,
@@ -129,9 +141,15 @@ def _argreduce_shape(ts: list[TensorType], a: dict) -> list[TensorType]:
     return [TensorType("int64", shape)]
 
 
-OPS["ArgReduce"] = OpDef(_argreduce_shape, lambda xs, a: [np.asarray(
-    (np.argmax if a["kind"] == "max" else np.argmin)(xs[0], axis=a["axis"], keepdims=a["keepdims"])
-).astype(np.int64)], "reduce")
+def _np_argreduce(x: np.ndarray, a: dict) -> np.ndarray:
+    fn = np.argmax if a["kind"] == "max" else np.argmin
+    if not a.get("last"):
+        return np.asarray(fn(x, axis=a["axis"], keepdims=a["keepdims"])).astype(np.int64)
+    n = x.shape[a["axis"]]
+    return (n - 1 - np.asarray(fn(np.flip(x, a["axis"]), axis=a["axis"], keepdims=a["keepdims"]))).astype(np.int64)
+
+
+OPS["ArgReduce"] = OpDef(_argreduce_shape, lambda xs, a: [_np_argreduce(xs[0], a)], "reduce")
 
 
 # -- anchors ---------------------------------------------------------------------------------------------
@@ -172,6 +190,9 @@ OPS["Conv"] = OpDef(_conv_shape, None, "anchor")
 OPS["Pool"] = OpDef(lambda ts, a: [TensorType(ts[0].dtype,
                                               ts[0].shape[:2] + _spatial_out(ts[0].shape, a["kernel"], a))],
                     None, "anchor")
+OPS["MaxPoolIndex"] = OpDef(lambda ts, a: [TensorType("int64",
+                                                      ts[0].shape[:2] + _spatial_out(ts[0].shape, a["kernel"], a))],
+                            None, "anchor")
 
 
 def _conv_transpose_shape(ts: list[TensorType], a: dict) -> list[TensorType]:
@@ -266,14 +287,45 @@ OPS["Tile"] = OpDef(lambda ts, a: [TensorType(ts[0].dtype,
 OPS["Resize"] = OpDef(lambda ts, a: [TensorType(ts[0].dtype, tuple(a["sizes"]))], None, "data")
 
 
+MAX_TENSOR_BYTES = 8 << 30  # a bigger tensor is a malformed model here (the machine has 24 GiB), not a job
+
+
+def check_size(nbytes: float, node_name: str) -> None:
+    if nbytes > MAX_TENSOR_BYTES:
+        raise ModelError(f"node '{node_name}': a tensor of {nbytes / 2**30:.1f} GiB is larger than Kiln compiles "
+                         f"({MAX_TENSOR_BYTES >> 30} GiB)")
+
+
+# ops whose inputs must share one element type (ONNX's type constraint T), and which inputs that covers
+_SAME_TYPE: dict[str, slice] = {**{op: slice(0, None) for op in (
+    "Add", "Sub", "Mul", "Div", "Max", "Min", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And",
+    "Or", "Xor", "Mod", "PRelu", "BitAnd", "BitOr", "BitXor", "MatMul", "Concat", "Conv", "ConvTranspose")},
+    "Where": slice(1, 3), "GatherElements": slice(0, 1), "ScatterElements": slice(0, 3, 2),
+    "ScatterND": slice(0, 3, 2), "LayerNormalization": slice(0, None), "InstanceNormalization": slice(0, None),
+    "BatchNormalization": slice(0, None)}
+
+
 def infer(op: str, types: list[TensorType], attrs: dict[str, Any], node_name: str = "") -> list[TensorType]:
     if op not in OPS:
         raise ModelError(f"node '{node_name}': '{op}' is not a Kiln core op")
+    same = {t.dtype for t in types[_SAME_TYPE[op]]} if op in _SAME_TYPE else set()
+    if len(same) > 1:
+        raise ModelError(f"node '{node_name}' ({op}): inputs of different element types "
+                         f"{[str(t) for t in types]}")
+    if op == "Where" and types and types[0].dtype != "bool":
+        raise ModelError(f"node '{node_name}' (Where): the condition is {types[0].dtype}, not bool")
     try:
-        return OPS[op].infer(types, attrs)
-    except (IndexError, KeyError, TypeError) as e:
+        out = OPS[op].infer(types, attrs)
+    except (IndexError, KeyError, TypeError, ValueError, ZeroDivisionError) as e:
+        if isinstance(e, ModelError):
+            raise
         raise ModelError(f"node '{node_name}' ({op}): cannot infer output type from inputs "
                          f"{[str(t) for t in types]} and attributes {attrs}: {e}") from None
+    for t in out:
+        if any(d < 0 for d in t.shape):
+            raise ModelError(f"node '{node_name}' ({op}): negative dimension in {t}")
+        check_size(float(np.prod(t.shape, dtype=np.float64)) * np.dtype(t.dtype).itemsize, node_name)
+    return out
 
 
 def evaluate(op: str, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray] | None:
@@ -283,3 +335,35 @@ def evaluate(op: str, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[n
         return None
     with np.errstate(all="ignore"):
         return fn(arrays, attrs)
+
+
+# -- indexing ops (added for the ONNX conformance suite) -------------------------------------------------------
+def _wrap(idx: np.ndarray, n: int) -> np.ndarray:
+    return np.where(idx < 0, idx + n, idx).astype(np.int64)
+
+
+def _np_cumsum(x: np.ndarray, a: dict) -> np.ndarray:
+    ax = a["axis"]
+    y = np.flip(x, ax) if a["reverse"] else x
+    c = np.cumsum(y, axis=ax, dtype=x.dtype)
+    if a["exclusive"]:
+        c = c - y
+    return np.flip(c, ax) if a["reverse"] else c
+
+
+def _gather_nd_shape(ts: list[TensorType], a: dict) -> list[TensorType]:
+    d, i, b = ts[0].shape, ts[1].shape, a["batch_dims"]
+    return [TensorType(ts[0].dtype, i[:-1] + d[b + i[-1]:])]
+
+
+OPS["GatherElements"] = OpDef(lambda ts, a: [TensorType(ts[0].dtype, ts[1].shape)],
+                              lambda xs, a: [np.take_along_axis(xs[0], _wrap(xs[1], xs[0].shape[a["axis"]]),
+                                                                axis=a["axis"])], "data")
+OPS["GatherND"] = OpDef(_gather_nd_shape, None, "data")
+OPS["ScatterElements"] = OpDef(lambda ts, a: [ts[0]], None, "data")
+OPS["ScatterND"] = OpDef(lambda ts, a: [ts[0]], None, "data")
+OPS["CumSum"] = OpDef(_same, lambda xs, a: [_np_cumsum(xs[0], a)], "data")
+OPS["TopKIndex"] = OpDef(lambda ts, a: [TensorType("int64", tuple(a["k"] if i == a["axis"] else d
+                                                                 for i, d in enumerate(ts[0].shape)))],
+                         None, "data")
+OPS["ReverseSequence"] = OpDef(_same, None, "data")

@@ -3,8 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kiln.kernel.ir import (Bin, Cast, Compute, Const, Expr, Load, Select, Un, Var, children, rebuild, substitute,
-                            walk)
+from kiln.kernel.ir import Bin, Cast, Compute, Const, Expr, Load, Select, Un, Var, children, rebuild, substitute, walk
 
 
 def coef(e: Expr, v: Var) -> int | None:

@@ -11,12 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import kiln.kernel.lower_packed  # noqa: F401  (registers the PackedMatMul lowering)
+from kiln.errors import UnsupportedOperator
 from kiln.graph.ir import Graph, Node, Value
 from kiln.graph.ops import OPS
 from kiln.kernel.ir import Buffer, Compute, Const, Expr, Kernel, Load, Reduce, children, rebuild, substitute, walk
 from kiln.kernel.lower import Lowered, axes_for, lower_node
 
 VIEW_OPS = {"Reshape"}
+KERNEL_DTYPES = {"float32", "float64", "int64", "int32", "int8", "uint8", "bool"}
+MAX_DUPLICATED_NODES = 48  # expression nodes an inlined producer may be copied into its consumer
 
 
 @dataclass
@@ -107,7 +110,11 @@ def can_inline(prod: Group, cons: Group, consumer: Node, options: dict[str, bool
         return False
     has_reduce = any(isinstance(x, Reduce) for x in walk(last.body))
     if not has_reduce:
-        return OPS[consumer.op].kind not in ("anchor",) and options.get("fuse_elementwise", True)
+        # a consumer that reads the producer k times gets k copies of its expression: bound the growth, or a
+        # chain of such ops (Softplus, HardSwish, float16 rounding) grows exponentially
+        copies = _count_loads(cons_last.body, last.out)
+        return (OPS[consumer.op].kind not in ("anchor",) and options.get("fuse_elementwise", True)
+                and (copies <= 1 or copies * len(walk(last.body)) <= MAX_DUPLICATED_NODES))
     # epilogue: the consumer reads the anchor once, at its own output index, over the same domain
     loads = _loads_of(cons_last.body, last.out)
     return (options.get("fuse_epilogue", True) and OPS[consumer.op].kind in ("unary", "binary")
@@ -152,6 +159,11 @@ def build_program(graph: Graph, options: dict[str, bool]) -> Program:
         order.append(g)
     prog.groups = order
     for v in graph.values():
+        if v.dtype not in KERNEL_DTYPES:
+            p = v.producer
+            raise UnsupportedOperator(p.op if p else "<value>", p.name if p else v.name,
+                                      detail=f"%{v.name} has element type {v.dtype}; kernels handle "
+                                             f"{', '.join(sorted(KERNEL_DTYPES))}")
         prog.buffers.setdefault(v.name, Buffer(v.name, v.dtype, v.shape))
         if v.const is not None:
             prog.consts[v.name] = v.const

@@ -97,7 +97,65 @@ UNARY: dict[str, Callable[[Expr, dict], Expr]] = {
                                 (Un("exp", x) - 1.0) * (a["alpha"] * a["gamma"])),
     "Gelu": lambda x, a: x * 0.5 * (_gelu_inner(x, a["approximate"]) + 1.0),
     "Cast": lambda x, a: _cast(x, a["to"]),
+    "RoundFloat16": lambda x, a: _round_float16(x),
+    "Tan": lambda x, a: Un("sin", x) / Un("cos", x),
+    "Sinh": lambda x, a: _sinh(x), "Cosh": lambda x, a: (Un("exp", x) + Un("exp", Un("neg", x))) * 0.5,
+    "Atan": lambda x, a: _atan(x),
+    "Asin": lambda x, a: _atan(x / Un("sqrt", (f(1.0, x) - x) * (x + 1.0))),
+    "Acos": lambda x, a: _atan(Un("sqrt", (f(1.0, x) - x) / (x + 1.0))) * 2.0,
+    "Asinh": lambda x, a: _copysign(_log1p(Un("abs", x) + x * x / (Un("sqrt", x * x + 1.0) + 1.0)), x),
+    "Acosh": lambda x, a: Un("log", x + Un("sqrt", (x - 1.0) * (x + 1.0))),
+    "Atanh": lambda x, a: _log1p(x * 2.0 / (f(1.0, x) - x)) * 0.5,
+    "Softsign": lambda x, a: x / (Un("abs", x) + 1.0),
+    "Swish": lambda x, a: x * Un("sigmoid", x * a["alpha"]),
+    "Shrink": lambda x, a: Select(cmp("<", x, -a["lambd"]), x + a["bias"],
+                                  Select(cmp(">", x, a["lambd"]), x - a["bias"], f(0, x))),
+    "IsNaN": lambda x, a: cmp("!=", x, x),
+    "IsInf": lambda x, a: _isinf(x, a["positive"], a["negative"]),
 }
+
+
+def _copysign(mag: Expr, like: Expr) -> Expr:
+    return Select(cmp("<", like, 0.0), Un("neg", mag), mag)
+
+
+def _sinh(x: Expr) -> Expr:
+    """(eˣ − e⁻ˣ)/2, and its Taylor series near 0, where the difference cancels."""
+    x2 = x * x
+    small = x + x * x2 * (f(1 / 6, x) + x2 * (1 / 120))
+    return Select(cmp("<", Un("abs", x), 0.1), small, (Un("exp", x) - Un("exp", Un("neg", x))) * 0.5)
+
+
+def _atan(x: Expr) -> Expr:
+    """Cephes' atanf: reduce to |t| ≤ tan(π/8) with π/2 − atan(1/x) and π/4 + atan((x−1)/(x+1)), then a
+    degree-9 odd polynomial (≈ 1 ulp)."""
+    a = Un("abs", x)
+    big, mid = cmp(">", a, 2.414213562373095), cmp(">", a, 0.4142135623730950)
+    t = Select(big, f(-1.0, a) / a, Select(mid, (a - 1.0) / (a + 1.0), a))
+    base = Select(big, f(math.pi / 2, a), Select(mid, f(math.pi / 4, a), f(0.0, a)))
+    z = t * t
+    p = (((z * 8.05374449538e-2 - 1.38776856032e-1) * z + 1.99777106478e-1) * z - 3.33329491539e-1) * z * t + t
+    return _copysign(base + p, x)
+
+
+def _isinf(x: Expr, positive: int, negative: int) -> Expr:
+    pos, neg = cmp("==", x, math.inf), cmp("==", x, -math.inf)
+    if positive and negative:
+        return Bin("or", pos, neg)
+    return pos if positive else neg if negative else Bin("and", pos, neg)  # neither: all false
+
+
+def _round_float16(x: Expr) -> Expr:
+    """x rounded to the nearest float16 value, in float32 arithmetic (IEEE, no fast-math): Veltkamp's split
+    keeps 11 significant bits; below 2^-14 (half subnormals) adding and removing 0.75 rounds to a multiple of
+    2^-24; beyond the largest half (65504) it overflows to ±inf."""
+    c = x * 8193.0                      # 2^13 + 1
+    normal = c - (c - x)
+    tiny = (x + 0.75) - 0.75
+    tiny = Select(cmp("==", tiny, 0.0), x * 0.0, tiny)  # a zero keeps x's sign
+    r = Select(cmp("<", Un("abs", x), 2.0 ** -14), tiny, normal)
+    big = Select(cmp(">", x, 0.0), f(math.inf, x), Select(cmp("<", x, 0.0), f(-math.inf, x), x))  # NaN stays
+    return Select(cmp("<", Un("abs", x), 65520.0), r, big)
 
 
 def _gelu_inner(x: Expr, approximate: str) -> Expr:
@@ -129,6 +187,8 @@ BINARY: dict[str, Callable[[Expr, Expr], Expr]] = {
     "Greater": lambda a, b: cmp(">", a, b), "LessOrEqual": lambda a, b: cmp("<=", a, b),
     "GreaterOrEqual": lambda a, b: cmp(">=", a, b), "And": lambda a, b: Bin("and", a, b),
     "Or": lambda a, b: Bin("or", a, b), "Xor": lambda a, b: Bin("xor", a, b),
+    "BitAnd": lambda a, b: Bin("and", a, b), "BitOr": lambda a, b: Bin("or", a, b),
+    "BitXor": lambda a, b: Bin("xor", a, b),
 }
 
 def _pow(a: Expr, b: Expr) -> Expr:
@@ -144,7 +204,10 @@ def _mod(a: Expr, b: Expr, fmod: int) -> Expr:
         return r
     zero = f(0, r)
     wrong = Bin("and", cmp("!=", r, zero), Bin("xor", cmp("<", r, zero), cmp("<", b, zero)))
-    return Select(wrong, r + b, r)
+    out = Select(wrong, r + b, r)
+    if r.dtype.startswith("float"):  # a zero remainder takes the divisor's sign (Python's %)
+        out = Select(cmp("==", r, zero), Select(cmp("<", b, zero), Un("neg", zero), zero), out)
+    return out
 
 
 Lowering = Callable[[Node], Lowered]
@@ -164,11 +227,16 @@ def _out(n: Node) -> tuple[Value, tuple[Var, ...]]:
     return y, axes_for(y.shape)
 
 
+# Rules that read their operand many times: kept out of their consumers (an explicit `store` stops
+# kernel/build.py from inlining them), or chains of them would grow exponentially when fused.
+_NOT_INLINED = {"RoundFloat16"}
+
+
 @lowering(*UNARY)
 def lower_unary(n: Node) -> Lowered:
     y, ax = _out(n)
     x = ld(n.inputs[0], bcast_index(n.inputs[0].shape, ax))
-    return Lowered([Compute(y.name, ax, y.shape, UNARY[n.op](x, n.attrs))])
+    return Lowered([Compute(y.name, ax, y.shape, UNARY[n.op](x, n.attrs), ax if n.op in _NOT_INLINED else None)])
 
 
 @lowering(*BINARY)
@@ -217,6 +285,11 @@ def reduction(x: Value, out_axes: tuple[Var, ...], axes: tuple[int, ...], keepdi
 def lower_reduce(n: Node) -> Lowered:
     (x,), (y, ax), a = n.inputs, _out(n), n.attrs
     axes, keep, kind = a["axes"], a["keepdims"], a["kind"]
+    if x.dtype == "bool":  # max = any, min = all, ...: reduce 0/1 as int32 (i1 compares as signed in codegen)
+        red = reduction(x, ax, axes, keep, {"max": "max", "min": "min", "prod": "min"}.get(kind, "max"),
+                        lambda e: Cast("int32", e))
+        body = _cast(red if kind in ("min", "prod") else maximum(red, Const(0, "int32")), "bool")  # empty: False
+        return Lowered([Compute(y.name, ax, y.shape, body)])
     count = float(np.prod([x.shape[d] for d in axes]))
     red = lambda op, term=lambda e: e: reduction(x, ax, axes, keep, op, term)  # noqa: E731
     if kind == "logsumexp":
@@ -241,9 +314,13 @@ def lower_argreduce(n: Node) -> Lowered:
     m = Buffer(f"{y.name}.t0", x.dtype, y.shape)
     best = reduction(x, ax, (a["axis"],), a["keepdims"], a["kind"])
     k = Var(f"r{a['axis']}")
-    hit = reduction(x, ax, (a["axis"],), a["keepdims"], "min",
-                    lambda e: Select(cmp("==", e, Load(m.name, ax, x.dtype)), k,
-                                     Const(x.shape[a["axis"]], "int64")))
+    if a.get("last"):
+        hit = reduction(x, ax, (a["axis"],), a["keepdims"], "max",
+                        lambda e: Select(cmp("==", e, Load(m.name, ax, x.dtype)), k, Const(-1, "int64")))
+    else:
+        hit = reduction(x, ax, (a["axis"],), a["keepdims"], "min",
+                        lambda e: Select(cmp("==", e, Load(m.name, ax, x.dtype)), k,
+                                         Const(x.shape[a["axis"]], "int64")))
     return Lowered([Compute(m.name, ax, y.shape, best), Compute(y.name, ax, y.shape, hit)], [m])
 
 
@@ -345,14 +422,53 @@ def lower_pool(n: Node) -> Lowered:
         body = Bin("pow", Reduce("sum", window, Bin("pow", Un("abs", xs), f(p, xs))), f(1.0 / p, xs))
     else:
         count: Expr | None = None
-        for i in range(nd):  # window positions that count: inside the input (or input+pads if include_pad)
+        for i in range(nd):  # window taps that count: inside the input (or input+pads if include_pad)
             lo_lim = -a["count_pads"][i] if a["include_pad"] else 0
             hi_lim = x.shape[2 + i] + (a["count_pads"][i + nd] if a["include_pad"] else 0)
             start = ax[2 + i] * a["strides"][i] - a["pads"][i]
-            c = minimum(start + a["kernel"][i], hi_lim) - maximum(start, lo_lim)
+            d, k = a["dilations"][i], a["kernel"][i]
+            if d == 1:
+                c = minimum(start + k, hi_lim) - maximum(start, lo_lim)
+            else:  # taps t in [0, k) with lo ≤ start + t·d < hi: t from ⌈(lo−start)/d⌉ to ⌈(hi−start)/d⌉
+                big = (k + x.shape[2 + i] + sum(a["pads"])) * d  # keeps the dividends ≥ 0 (truncating division)
+                first = maximum((lo_lim - start + big + d - 1) // d - big // d, 0)
+                end = minimum((hi_lim - start + big + d - 1) // d - big // d, k)
+                c = maximum(end - first, 0)
             count = c if count is None else count * c
         body = Reduce("sum", window, xs) / Cast(x.dtype, count)
     return Lowered(([pre] if pre else []) + [Compute(y.name, ax, y.shape, body)], [tmp] if tmp else [])
+
+
+@lowering("MaxPoolIndex")
+def lower_maxpool_index(n: Node) -> Lowered:
+    """Flat index (row-major, or column-major over H·W with storage_order=1) of each window's first maximum:
+    the max, then the smallest index whose in-bounds value equals it."""
+    (x,), (y, ax), a = n.inputs, _out(n), n.attrs
+    nd = len(x.shape) - 2
+    m = Buffer(f"{y.name}.t0", x.dtype, y.shape)
+    ks = tuple(Var(f"rk{i}") for i in range(nd))
+    pos = [ax[2 + i] * a["strides"][i] - a["pads"][i] + ks[i] * a["dilations"][i] for i in range(nd)]
+    inside: Expr = Const(True, "bool")
+    for i in range(nd):
+        inside = Bin("and", inside, Bin("and", cmp(">=", pos[i], 0), cmp("<", pos[i], x.shape[2 + i])))
+    safe = tuple(clamp(p, 0, x.shape[2 + i] - 1) for i, p in enumerate(pos))
+    xv = Load(x.name, (ax[0], ax[1]) + safe, x.dtype)
+    window = tuple(zip(ks, a["kernel"]))
+    best = Reduce("max", window, Select(inside, xv, Const(-np.inf, x.dtype)))
+    sp = x.shape[2:]
+    flat: Expr = ax[0] * x.shape[1] + ax[1]
+    if a["storage_order"]:  # column-major over the spatial dims
+        inner, stride = Const(0, "int64"), 1
+        for i in range(nd):
+            inner = inner + safe[i] * stride
+            stride *= sp[i]
+        flat = flat * stride + inner
+    else:
+        for i in range(nd):
+            flat = flat * sp[i] + safe[i]
+    big = Const(int(np.prod(x.shape)), "int64")
+    hit = Reduce("min", window, Select(Bin("and", inside, cmp("==", xv, Load(m.name, ax, x.dtype))), flat, big))
+    return Lowered([Compute(m.name, ax, y.shape, best), Compute(y.name, ax, y.shape, hit)], [m])
 
 
 # -- normalizations ------------------------------------------------------------------------------------------
@@ -512,3 +628,137 @@ def lower_node(n: Node) -> Lowered:
     if n.op not in LOWERINGS:
         raise UnsupportedOperator(n.op, n.name, detail="no lowering to the kernel IR")
     return LOWERINGS[n.op](n)
+
+
+# -- indexing (gather-form: every output element reads what it needs, so no store races) --------------------
+def _index(v: Expr, n: int) -> Expr:
+    """A run-time index into an axis of size n: negative wraps, out of range clamps (never out of bounds)."""
+    k = _cast(v, "int64")
+    return clamp(Select(cmp("<", k, 0), k + n, k), 0, max(n - 1, 0))
+
+
+def _identity(op: str, dtype: str) -> Const:
+    from kiln.kernel.ir import init_value
+    return init_value({"add": "sum", "mul": "prod", "max": "max", "min": "min"}[op], dtype)
+
+
+def _combine(op: str, a: Expr, b: Expr) -> Expr:
+    return {"add": lambda: a + b, "mul": lambda: a * b, "max": lambda: maximum(a, b),
+            "min": lambda: minimum(a, b)}[op]()
+
+
+@lowering("GatherElements")
+def lower_gather_elements(n: Node) -> Lowered:
+    (x, ind), (y, ax), axis = n.inputs, _out(n), n.attrs["axis"]
+    k = _index(ld(ind, ax), x.shape[axis])
+    return Lowered([Compute(y.name, ax, y.shape, ld(x, ax[:axis] + (k,) + ax[axis + 1:]))])
+
+
+@lowering("GatherND")
+def lower_gather_nd(n: Node) -> Lowered:
+    (x, ind), (y, ax), b = n.inputs, _out(n), n.attrs["batch_dims"]
+    q, k = len(ind.shape), ind.shape[-1]
+    lead = ax[:q - 1]
+    idx = list(lead[:b]) + [_index(ld(ind, lead + (Const(j, "int64"),)), x.shape[b + j]) for j in range(k)]
+    return Lowered([Compute(y.name, ax, y.shape, ld(x, tuple(idx) + ax[q - 1:]))])
+
+
+@lowering("ScatterElements")
+def lower_scatter_elements(n: Node) -> Lowered:
+    """out[p] = data[p] combined with every update whose index along `axis` lands on p (the last one wins
+    for reduction='none')."""
+    (data, ind, upd), (y, ax), a = n.inputs, _out(n), n.attrs
+    axis, red, u = a["axis"], a["reduction"], ind.shape
+    kv = Var("rs")
+    inside: Expr = Const(True, "bool")
+    at = []
+    for d, v in enumerate(ax):
+        if d == axis:
+            at.append(kv)
+        else:
+            inside = Bin("and", inside, cmp("<", v, u[d])) if u[d] < data.shape[d] else inside
+            at.append(clamp(v, 0, u[d] - 1) if u[d] < data.shape[d] else v)
+    at = tuple(at)
+    hit = Bin("and", inside, cmp("==", _index(ld(ind, at), data.shape[axis]), ax[axis]))
+    if red == "none":
+        last = Buffer(f"{y.name}.t0", "int64", y.shape)
+        c0 = Compute(last.name, ax, y.shape, Reduce("max", ((kv, u[axis]),), Select(hit, kv, Const(-1, "int64"))))
+        lv = Load(last.name, ax, "int64")
+        src = tuple(clamp(lv, 0, u[axis] - 1) if d == axis else e for d, e in enumerate(at))
+        body = Select(cmp(">=", lv, 0), ld(upd, src), ld(data, ax))
+        return Lowered([c0, Compute(y.name, ax, y.shape, body)], [last])
+    if red not in ("add", "mul", "max", "min"):
+        raise UnsupportedOperator("ScatterElements", n.name, detail=f"reduction {red!r}")
+    ident = _identity(red, upd.dtype)
+    r = Reduce({"add": "sum", "mul": "prod"}.get(red, red), ((kv, u[axis]),), Select(hit, ld(upd, at), ident))
+    return Lowered([Compute(y.name, ax, y.shape, _combine(red, ld(data, ax), r))])
+
+
+@lowering("ScatterND")
+def lower_scatter_nd(n: Node) -> Lowered:
+    (data, ind, upd), (y, ax), red = n.inputs, _out(n), n.attrs["reduction"]
+    k, lead = ind.shape[-1], ind.shape[:-1]
+    us = tuple(Var(f"ru{d}") for d in range(len(lead)))
+    hit: Expr = Const(True, "bool")
+    for j in range(k):
+        hit = Bin("and", hit, cmp("==", _index(ld(ind, us + (Const(j, "int64"),)), data.shape[j]), ax[j]))
+    axes = tuple(zip(us, lead))
+    if red == "none":
+        flat: Expr = Const(0, "int64")
+        for v, m in zip(us, lead):
+            flat = flat * m + v
+        last = Buffer(f"{y.name}.t0", "int64", y.shape)
+        c0 = Compute(last.name, ax, y.shape, Reduce("max", axes, Select(hit, flat, Const(-1, "int64"))))
+        lv = clamp(Load(last.name, ax, "int64"), 0, max(int(np.prod(lead)) - 1, 0))
+        src, stride = [], int(np.prod(lead))
+        for m in lead:
+            stride //= m
+            src.append((lv // stride) % m if stride > 1 else lv % m)
+        body = Select(cmp(">=", Load(last.name, ax, "int64"), 0), ld(upd, tuple(src) + ax[k:]), ld(data, ax))
+        return Lowered([c0, Compute(y.name, ax, y.shape, body)], [last])
+    if red not in ("add", "mul", "max", "min"):
+        raise UnsupportedOperator("ScatterND", n.name, detail=f"reduction {red!r}")
+    r = Reduce({"add": "sum", "mul": "prod"}.get(red, red), axes,
+               Select(hit, ld(upd, us + ax[k:]), _identity(red, upd.dtype)))
+    return Lowered([Compute(y.name, ax, y.shape, _combine(red, ld(data, ax), r))])
+
+
+@lowering("CumSum")
+def lower_cumsum(n: Node) -> Lowered:
+    (x,), (y, ax), a = n.inputs, _out(n), n.attrs
+    axis = a["axis"]
+    kv, i = Var("rc"), ax[axis]
+    op = {(0, 0): "<=", (1, 0): "<", (0, 1): ">=", (1, 1): ">"}[(int(a["exclusive"]), int(a["reverse"]))]
+    body = Reduce("sum", ((kv, x.shape[axis]),),
+                  Select(cmp(op, kv, i), ld(x, ax[:axis] + (kv,) + ax[axis + 1:]), f(0, ld(x, ax))))
+    return Lowered([Compute(y.name, ax, y.shape, body)])
+
+
+@lowering("TopKIndex")
+def lower_topk_index(n: Node) -> Lowered:
+    """Rank every element (how many come before it: larger/smaller, ties by index), then the k-th output is
+    the element of rank k. Two O(n²) passes along the axis."""
+    (x,), (y, ax), a = n.inputs, _out(n), n.attrs
+    axis = a["axis"]
+    size = x.shape[axis]
+    xax = axes_for(x.shape, "t")
+    rank = Buffer(f"{y.name}.rank", "int64", x.shape)
+    j = Var("rj")
+    me, other = ld(x, xax), ld(x, xax[:axis] + (j,) + xax[axis + 1:])
+    better = cmp(">" if a["largest"] else "<", other, me)
+    before = Bin("or", better, Bin("and", cmp("==", other, me), cmp("<", j, xax[axis])))
+    c0 = Compute(rank.name, xax, x.shape, Reduce("sum", ((j, size),), Select(before, Const(1, "int64"),
+                                                                              Const(0, "int64"))))
+    i = Var("ri")
+    pick = Reduce("sum", ((i, size),), Select(cmp("==", Load(rank.name, ax[:axis] + (i,) + ax[axis + 1:], "int64"),
+                                                  ax[axis]), i, Const(0, "int64")))
+    return Lowered([c0, Compute(y.name, ax, y.shape, pick)], [rank])
+
+
+@lowering("ReverseSequence")
+def lower_reverse_sequence(n: Node) -> Lowered:
+    (x, lens), (y, ax), a = n.inputs, _out(n), n.attrs
+    t, b = a["time_axis"], a["batch_axis"]
+    length = clamp(_cast(ld(lens, (ax[b],)), "int64"), 0, x.shape[t])
+    src = Select(cmp("<", ax[t], length), length - 1 - ax[t], ax[t])
+    return Lowered([Compute(y.name, ax, y.shape, ld(x, tuple(src if d == t else v for d, v in enumerate(ax))))])

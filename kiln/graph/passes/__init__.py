@@ -6,12 +6,12 @@ import inspect
 from collections.abc import Callable
 
 from kiln.graph.ir import Graph
-from kiln.target import Target
 from kiln.graph.passes.eliminate_dead_code import eliminate_dead_code
 from kiln.graph.passes.fold_batchnorm import fold_batchnorm
 from kiln.graph.passes.fold_constants import fold_constants
 from kiln.graph.passes.materialize_outputs import materialize_outputs
 from kiln.graph.passes.pack_weights import pack_weights
+from kiln.target import Target
 
 Pass = Callable[..., Graph]  # Graph → Graph, optionally also given the Target
 
