@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from . import workloads as wl
+from .protocol import ProtocolConfig
 
 DEFAULT_THREADS = min(2, os.cpu_count() or 1)
 
@@ -34,6 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "repeatable. Default: every Kiln strategy, the first of each peer")
     p.add_argument("--repeat", type=int, default=10, help="interleaved timing rounds")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds allowed to prepare")
+    p.add_argument("--settle", type=float, default=ProtocolConfig.settle_s,
+                   help="seconds to pause between two systems' turns, so threads a runtime leaves spinning "
+                   "after its run are not charged to the next system")
     p.add_argument("--no-roofline", action="store_true", help="skip measuring peak and bandwidth")
     p.add_argument("--list", action="store_true", help="list suites, workloads and systems")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -129,7 +133,8 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, KeyError) as exc:
         print(f"kiln bench: {exc}", file=sys.stderr)
         return 2
-    cfg = ProtocolConfig(threads=args.threads, rounds=args.repeat, prepare_timeout_s=args.timeout)
+    cfg = ProtocolConfig(threads=args.threads, rounds=args.repeat, prepare_timeout_s=args.timeout,
+                         settle_s=args.settle)
     report = RunReport(info=_info(args, names, cfg))
     bar = Progress(len(names), enabled=not args.quiet)
 

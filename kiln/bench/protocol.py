@@ -13,6 +13,7 @@ Every worker has the same thread count (threads argument and the environment var
 from __future__ import annotations
 
 import math
+import os
 import random
 import statistics
 import time
@@ -38,9 +39,11 @@ class ProtocolConfig:
     prepare_timeout_s: float = 900.0
     run_timeout_s: float = 120.0
     tolerance: float = 1e-3
-    # Pause between two systems' turns: runtimes keep their threads spinning a while after a run
-    # (OpenMP, onnxruntime), which would otherwise be charged to whoever runs next.
-    settle_s: float = 0.01
+    # After a system's turn, wait until its worker process is idle (at most settle_s): runtimes keep their
+    # threads spinning after a run (onnxruntime's pool for up to ~0.5 s), which would otherwise be charged to
+    # whoever runs next — measured on resnet50 after onnxruntime turns, kiln took 71 ms with a fixed 0.01 s
+    # pause, 55 ms with 0.3 s, 47 ms with 0.6 s.
+    settle_s: float = 1.0
     seed: int = 0                # the order of the systems is shuffled every round (seeded)
 
 
@@ -259,6 +262,32 @@ def measure_workload(w: Workload, contestants: Sequence[Contestant], cfg: Protoc
     return records
 
 
+def _cpu_seconds(pid: int) -> float | None:
+    """CPU time (user + system) a process has used, from /proc; None where that is not readable."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _settle(prev: Contestant | None, limit_s: float, poll_s: float = 0.05) -> None:
+    """Wait until the previous system's worker stops burning CPU (spinning threads), at most limit_s."""
+    proc = getattr(getattr(prev, "worker", None), "proc", None)
+    if proc is None:
+        time.sleep(0.01)
+        return
+    deadline = time.perf_counter() + limit_s
+    last = _cpu_seconds(proc.pid)
+    while last is not None and time.perf_counter() < deadline:
+        time.sleep(poll_s)
+        now = _cpu_seconds(proc.pid)
+        if now is None or now - last < 0.1 * poll_s:  # under 10% of one core: idle
+            return
+        last = now
+
+
 def _rounds(w: Workload, live: list[Contestant], cfg: ProtocolConfig, ref: Reference,
             peak: float | None, say: Progress) -> list[dict[str, Any]]:
     records = []
@@ -268,10 +297,12 @@ def _rounds(w: Workload, live: list[Contestant], cfg: ProtocolConfig, ref: Refer
         say(f"{w.name} round {r + 1}/{n_rounds}")
         # A new order each round, so no system always follows the same neighbour (and its tail).
         turn = rng.sample(live, len(live))
+        prev: Contestant | None = None
         for c in turn:
             if r >= c.rounds:
                 continue
-            time.sleep(cfg.settle_s)
+            _settle(prev, cfg.settle_s)
+            prev = c
             try:
                 c.samples += _run(c, c.calls, cfg)
             except WorkerError as exc:
