@@ -110,7 +110,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_explain(args: argparse.Namespace) -> int:
     from kiln.explain import explain
 
-    print(explain(_model(args.model), node=args.node, stages=args.stage, num_threads=args.threads))
+    print(explain(_model(args.model), node=args.node, stages=args.stage, num_threads=args.threads, **_options(args)))
     return 0
 
 
