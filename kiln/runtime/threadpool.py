@@ -48,13 +48,13 @@ def build_module() -> ir.Module:
     fn_g, ctx_g = _g(m, "job_fn", I64), _g(m, "job_ctx", I64)  # pointers kept as integers (atomic i64)
     total_g, next_g, done_g, limit_g = (_g(m, n, I64) for n in ("job_total", "job_next", "job_done", "job_limit"))
     nworkers = _g(m, "nworkers", I32)
-    busy = _g(m, "busy", I32)
+    busy = _g(m, "busy", I32)  # one job at a time: callers from several threads (two models run at once) queue
     cpus_t = ir.ArrayType(I32, MAX_WORKERS + 1)
     cpus = ir.GlobalVariable(m, cpus_t, "cpus")     # the process's CPUs, set once by kiln_pool_set_cpus
     cpus.initializer = ir.Constant(cpus_t, None)
     cpus.linkage = "internal"
     ncpus = _g(m, "ncpus", I32)
-    setaff = ir.Function(m, ir.FunctionType(I32, [I32, I64, PTR]), "sched_setaffinity")  # one job at a time: callers from several threads (two models run at once) queue
+    setaff = ir.Function(m, ir.FunctionType(I32, [I32, I64, PTR]), "sched_setaffinity")
     syscall = ir.Function(m, ir.FunctionType(I64, [I64], var_arg=True), "syscall")
     pthread_create = ir.Function(m, ir.FunctionType(I32, [PTR, PTR, PTR, PTR]), "pthread_create")
     pause = ir.Function(m, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse2.pause")
