@@ -248,6 +248,8 @@ def pool_address() -> int:
         mine = sorted(os.sched_getaffinity(0))[:MAX_WORKERS + 1]
     except AttributeError:  # not Linux: no pinning
         mine = []
+    if os.environ.get("KILN_PIN_THREADS", "1") == "0":
+        mine = []
     arr = (ctypes.c_int32 * (MAX_WORKERS + 1))(*mine)
     ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int32)(loaded.address("kiln_pool_set_cpus"))(
         ctypes.addressof(arr), len(mine))
