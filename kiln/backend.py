@@ -58,15 +58,16 @@ def _opset(model: onnx.ModelProto) -> int | None:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
 
 
-def _ops(graph: onnx.GraphProto) -> set[str]:
+def ops_used(graph: onnx.GraphProto) -> set[str]:
+    """Every op type in a graph, sub-graphs (If/Loop bodies) included."""
     found = set()
     for n in graph.node:
         found.add(n.op_type)
         for a in n.attribute:
             if a.HasField("g"):
-                found |= _ops(a.g)
+                found |= ops_used(a.g)
             for g in a.graphs:
-                found |= _ops(g)
+                found |= ops_used(g)
     return found
 
 
@@ -82,7 +83,7 @@ def _clamp_opset(model: onnx.ModelProto) -> onnx.ModelProto:
     opset = _opset(model)
     oldest, newest = _frontend.MIN_OPSET, _frontend.MAX_OPSET
     if opset is not None and opset < oldest:  # older than opset 7: fine where every op is unchanged since
-        for op in sorted(_ops(model.graph)):
+        for op in sorted(ops_used(model.graph)):
             try:
                 same = onnx.defs.get_schema(op, opset).since_version == onnx.defs.get_schema(op, oldest).since_version
             except Exception:  # noqa: BLE001
@@ -92,7 +93,7 @@ def _clamp_opset(model: onnx.ModelProto) -> onnx.ModelProto:
         return _with_opset(model, oldest)
     if opset is None or opset <= newest:
         return model
-    for op in sorted(_ops(model.graph)):
+    for op in sorted(ops_used(model.graph)):
         try:
             since = onnx.defs.get_schema(op, opset).since_version
         except Exception:  # noqa: BLE001  (unknown op: the importer names it)

@@ -42,22 +42,10 @@ KNOWN_FAILURES: dict[str, str] = {
 }
 
 
-def _ops(graph: onnx.GraphProto) -> set[str]:
-    found = set()
-    for n in graph.node:
-        found.add(n.op_type)
-        for a in n.attribute:
-            if a.HasField("g"):
-                found |= _ops(a.g)
-            for g in a.graphs:
-                found |= _ops(g)
-    return found
-
-
 def in_scope(model: onnx.ModelProto) -> bool:
     io = list(model.graph.input) + list(model.graph.output)
     return (all(v.type.HasField("tensor_type") and v.type.tensor_type.elem_type in IN_SCOPE_TYPES for v in io)
-            and _ops(model.graph) <= set(kiln.backend.SUPPORTED_OPS))
+            and kiln.backend.ops_used(model.graph) <= set(kiln.backend.SUPPORTED_OPS))
 
 
 def _data_dir() -> str:
@@ -141,7 +129,7 @@ def test_supported_ops_documented_in_readme() -> None:
 def _report() -> None:
     import unittest
 
-    ops_of = {name: sorted(_ops(m.graph)) for name, m in SCOPE.items()}
+    ops_of = {name: sorted(kiln.backend.ops_used(m.graph)) for name, m in SCOPE.items()}
     suite = unittest.TestSuite()
     for case in TEST_CASES.values():
         suite.addTests(unittest.defaultTestLoader.loadTestsFromTestCase(case))

@@ -28,6 +28,11 @@ _LIBM_UNARY = {"exp": "llvm.exp", "log": "llvm.log", "sqrt": "llvm.sqrt", "sin":
                "abs": "llvm.fabs"}
 
 
+def elem_bytes(mt: ir.Type) -> int:
+    """Bytes of one element in memory (also the alignment Kiln assumes: numpy buffers are not vector-aligned)."""
+    return max(1, mt.width // 8) if isinstance(mt, ir.IntType) else (4 if mt == F32 else 8)
+
+
 def is_float(dtype: str) -> bool:
     return dtype in ("float32", "float64")
 
@@ -150,7 +155,7 @@ class ExprEmitter:
     def load(self, e: Load) -> tuple[ir.Value, bool]:
         ptr, dtype, flat = self.address(e.buf, e.index)
         mt = MEMORY[dtype]
-        align = max(1, mt.width // 8) if isinstance(mt, ir.IntType) else (4 if mt == F32 else 8)
+        align = elem_bytes(mt)
         c = coef(flat, self.vec.var) if self.vec else 0
         if c == 0:
             idx, _ = self.ev(flat) if not self.vec else self._uniform(flat)
@@ -236,7 +241,7 @@ class ExprEmitter:
         p = self.b.gep(ptr, [self._at_base(flat)], source_etype=mt)
         fn = self._decl(f"llvm.masked.load.v{n}{self._tname(mt)}.p0", vt, [PTR, I32, ir.VectorType(I1, n), vt])
         fill = self.splat(self.const(Const(e.b.value, dtype)))
-        align = max(1, mt.width // 8) if isinstance(mt, ir.IntType) else (4 if mt == F32 else 8)
+        align = elem_bytes(mt)
         return self.b.call(fn, [p, ir.Constant(I32, align), mask, fill]), True
 
     def _decl(self, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
@@ -245,7 +250,7 @@ class ExprEmitter:
     def lane_pointers(self, ptr: ir.Value, idx: ir.Value, mt: ir.Type) -> ir.Value:
         """<n x ptr> = ptr + idx * sizeof(elem) (llvmlite's gep cannot type a vector-of-pointers result)."""
         n = idx.type.count
-        size = max(1, mt.width // 8) if isinstance(mt, ir.IntType) else (4 if mt == F32 else 8)
+        size = elem_bytes(mt)
         base = self.splat(self.b.ptrtoint(ptr, I64))
         addr = self.b.add(base, self.b.mul(idx, ir.Constant(ir.VectorType(I64, n), [size] * n)))
         return self.b.inttoptr(addr, ir.VectorType(PTR, n))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from kiln.codegen.exprs import I32, I64, MEMORY, PTR, SCALAR, ExprEmitter, VectorCtx
+from kiln.codegen.exprs import I32, I64, MEMORY, PTR, SCALAR, ExprEmitter, VectorCtx, elem_bytes
 from kiln.kernel.analysis import coef, flat_index
 from kiln.kernel.ir import Assign, Bin, Const, If, Kernel, Local, LocalRef, Loop, Stmt, Store, init_value
 
@@ -101,7 +101,7 @@ class KernelEmitter:
         val, is_vec = em.ev(s.value)
         val = em.to_memory(val, dtype)
         mt = MEMORY[dtype]
-        align = max(1, mt.width // 8) if isinstance(mt, ir.IntType) else (4 if dtype == "float32" else 8)
+        align = elem_bytes(mt)
         if not em.vec:
             b.store(val, b.gep(ptr, [em.ev(flat)[0]], source_etype=mt), align=align)
             return

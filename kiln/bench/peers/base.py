@@ -79,6 +79,15 @@ def try_import(*modules: str, pip: str) -> tuple[bool, str]:
     return True, ""
 
 
+def loadable(load: Callable[[], object], requirement: str) -> tuple[bool, str]:
+    """available() of a peer that is a shared library loaded through ctypes."""
+    try:
+        load()
+    except OSError as e:
+        return False, f"{e}; pip install {requirement}"
+    return True, ""
+
+
 def dist_version(*dists: str) -> str:
     """Version of the first installed distribution among `dists` ('' when none is)."""
     for d in dists:

@@ -24,6 +24,7 @@ from kiln.bench.peers.base import (
     dist_version,
     gemm_input,
     gemm_of,
+    loadable,
     prefix_lib,
 )
 from kiln.bench.workload import Workload
@@ -56,11 +57,7 @@ class MklPeer(Peer):
     requirement = "mkl"
 
     def available(self) -> tuple[bool, str]:
-        try:
-            _load()
-        except OSError as e:
-            return False, f"{e}; pip install {self.requirement}"
-        return True, ""
+        return loadable(_load, self.requirement)
 
     def version(self) -> str:
         try:

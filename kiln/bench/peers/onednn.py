@@ -17,7 +17,7 @@ import ctypes
 
 import numpy as np
 
-from kiln.bench.peers.base import Peer, Runner, dist_version, gemm_input, gemm_of, load_global, prefix_lib
+from kiln.bench.peers.base import Peer, Runner, dist_version, gemm_input, gemm_of, load_global, loadable, prefix_lib
 from kiln.bench.workload import Workload
 
 _DEPS = ("libtbb.so.12", "libintlc.so.5", "libimf.so", "libsvml.so", "libirng.so", "libsycl.so.9")
@@ -88,11 +88,7 @@ class OneDnnPeer(Peer):
     requirement = "onednn"
 
     def available(self) -> tuple[bool, str]:
-        try:
-            _load()
-        except OSError as e:
-            return False, f"{e}; pip install {self.requirement}"
-        return True, ""
+        return loadable(_load, self.requirement)
 
     def version(self) -> str:
         try:
