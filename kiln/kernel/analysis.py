@@ -72,7 +72,7 @@ def fuse_contiguous_axes(c: Compute, shape_of: Callable[[str], tuple[int, ...]])
         if not ok or _uses(_strip_loads(c.body), (a, b)):
             break
         store = rewritten.pop(Load(c.out, c.store_index))
-        body = _replace(c.body, rewritten)
+        body = substitute(c.body, rewritten)
         c = Compute(c.out, c.axes[:-2] + (f,), c.extents[:-2] + (c.extents[-2] * B,), body, store.index, c.hints)
     return c
 
@@ -97,19 +97,5 @@ def _strip_loads(e: Expr) -> Expr:
             else:
                 kids = children(x)
                 memo[x] = rebuild(x, [go(k) for k in kids]) if kids else x
-        return memo[x]
-    return go(e)
-
-
-def _replace(e: Expr, mapping: dict[Expr, Expr]) -> Expr:
-    """Replace whole loads (bottom-up identity match on the original loads)."""
-    memo: dict[Expr, Expr] = {}
-
-    def go(x: Expr) -> Expr:
-        if x in mapping:
-            return mapping[x]
-        if x not in memo:
-            kids = children(x)
-            memo[x] = rebuild(x, [go(k) for k in kids]) if kids else x
         return memo[x]
     return go(e)
