@@ -36,8 +36,20 @@ def _feeds(exe, spec: str, inputs: list[str] | None) -> dict[str, np.ndarray]:  
     return feeds
 
 
-def _options(args: argparse.Namespace) -> dict[str, bool]:
-    return {name: False for name in (args.disable or [])}
+def _options(args: argparse.Namespace) -> dict:
+    """Compile keywords from the common flags: pass switches, the strategy and per-node overrides."""
+    opts: dict = {name: False for name in (args.disable or [])}
+    if getattr(args, "strategy", None):
+        opts["strategy"] = args.strategy
+    overrides = {}
+    for item in getattr(args, "strategy_for", None) or []:
+        key, sep, val = item.partition("=")
+        if not sep:
+            raise ValueError(f"--strategy-for wants NODE_OR_OP=STRATEGY, got {item!r}")
+        overrides[key] = val
+    if overrides:
+        opts["strategies"] = overrides
+    return opts
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -132,6 +144,11 @@ def main(argv: list[str] | None = None) -> int:
         sp.add_argument("--disable", action="append", metavar="OPTION",
                         help="switch a pass/schedule option off (repeatable); see kiln.PASS_OPTIONS")
         sp.add_argument("--no-cache", action="store_true", help="do not use the on-disk compile cache")
+        sp.add_argument("--strategy", default=None, metavar="S",
+                        help="how MatMul/Conv are built: direct (default), ukernel, library[:mkl|openblas|onednn], "
+                             "auto")
+        sp.add_argument("--strategy-for", action="append", metavar="NODE=S",
+                        help="per node name or op type override, e.g. Conv=ukernel (repeatable)")
 
     c = sub.add_parser("compile", help="compile a model to a .kiln file")
     common(c)

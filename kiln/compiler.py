@@ -51,7 +51,8 @@ def check_options(options: dict[str, Any]) -> dict[str, bool]:
 
 def lower(model: onnx.ModelProto | str | bytes, target: Target, num_threads: int, options: dict[str, bool],
           input_shapes: dict[str, Sequence[int]] | None = None, trace: Trace | None = None,
-          stop_after: str = "object") -> Compiled:
+          stop_after: str = "object", strategy: str = "direct",
+          strategies: dict[str, str] | None = None, bounds_check: bool = False) -> Compiled:
     from kiln.codegen.jit import emit_object, optimize
     from kiln.codegen.module import build_module_text
     from kiln.frontend.onnx import import_onnx
@@ -59,6 +60,7 @@ def lower(model: onnx.ModelProto | str | bytes, target: Target, num_threads: int
     from kiln.kernel.build import build_program
     from kiln.runtime.memory import plan_memory
     from kiln.schedule.default import schedule_kernel
+    from kiln.strategy import assign_strategies
 
     t = time.perf_counter()
     times: dict[str, float] = {}
@@ -71,6 +73,10 @@ def lower(model: onnx.ModelProto | str | bytes, target: Target, num_threads: int
 
     tr = trace or (lambda stage, obj: None)
     graph = import_onnx(model, input_shapes)                                 # 1. ONNX → graph IR
+    graph = assign_strategies(graph, strategy, strategies)                   #    direct/ukernel/library per anchor
+    if any(n.attrs.get("strategy") == "auto" for n in graph.nodes):          #    auto: measured on the target
+        from kiln.autostrategy import choose_strategies
+        graph = choose_strategies(graph, target, num_threads, options)
     tr("import", graph)
     graph = run_graph_passes(graph, options, target, trace=lambda name, g: tr(f"graph:{name}", g))  # 2. graph passes
     lap("graph")
@@ -87,7 +93,7 @@ def lower(model: onnx.ModelProto | str | bytes, target: Target, num_threads: int
     lap("lower")
     if stop_after == "kernels":
         return out
-    out.llvm_ir, out.kernel_functions = build_module_text(prog, plan, target)  # 6. one LLVM module
+    out.llvm_ir, out.kernel_functions = build_module_text(prog, plan, target, bounds_check)  # 6. LLVM module
     tr("llvm", out.llvm_ir)
     lap("codegen")
     if stop_after == "llvm":
@@ -110,7 +116,7 @@ def compiler_fingerprint() -> str:
     """A hash of the compiler's own source: a changed Kiln never serves code an older Kiln compiled."""
     root = os.path.dirname(os.path.abspath(__file__))
     h = hashlib.sha256()
-    for sub in ("frontend", "graph", "kernel", "schedule", "codegen", "runtime", ""):
+    for sub in ("frontend", "graph", "kernel", "schedule", "codegen", "runtime", "ukernels", "library", ""):
         d = os.path.join(root, sub)
         for dirpath, _, files in sorted(os.walk(d)) if sub else [(root, None, sorted(os.listdir(root)))]:
             for f in sorted(files):
@@ -121,21 +127,33 @@ def compiler_fingerprint() -> str:
 
 
 def _cache_key(model_bytes: bytes, target: Target, num_threads: int, options: dict[str, bool],
-               input_shapes: dict | None) -> str:
+               input_shapes: dict | None, strategy: str = "direct", strategies: dict[str, str] | None = None,
+               bounds_check: bool = False) -> str:
     h = hashlib.sha256(model_bytes)
     h.update(json.dumps([__version__, compiler_fingerprint(), target.key, num_threads, sorted(options.items()),
-                         sorted((k, list(v)) for k, v in (input_shapes or {}).items())]).encode())
+                         sorted((k, list(v)) for k, v in (input_shapes or {}).items()), strategy,
+                         sorted((strategies or {}).items()), bool(bounds_check)]).encode())
     return h.hexdigest()[:32]
 
 
 def compile(model: onnx.ModelProto | str | bytes | os.PathLike, target: str | Target = "host",
             num_threads: int | None = None, input_shapes: dict[str, Sequence[int]] | None = None,
-            cache: bool = True, **options: bool):
-    """Compile an ONNX model (proto, path or bytes) into an Executable for `target`."""
+            cache: bool = True, strategy: str = "direct", strategies: dict[str, str] | None = None,
+            bounds_check: bool = False, **options: bool):
+    """Compile an ONNX model (proto, path or bytes) into an Executable for `target`.
+
+    `strategy` says how anchor ops (MatMul, Conv) are built — "direct" | "ukernel" | "library[:name]" | "auto"
+    (kiln/strategy.py); `strategies` overrides it per node name or op type. `bounds_check=True` is the debug
+    build: every access is checked and a run that went out of bounds raises kiln.errors.BoundsError."""
+    from kiln.codegen.bounds import buffer_names
     from kiln.frontend.onnx import load_model
     from kiln.runtime.executable import Executable
+    from kiln.strategy import check_strategy
 
     opts = check_options(options)
+    check_strategy(strategy)
+    for v in (strategies or {}).values():
+        check_strategy(v)
     tgt = resolve(target)
     threads = int(num_threads) if num_threads else default_threads()
     if threads < 1:
@@ -143,20 +161,26 @@ def compile(model: onnx.ModelProto | str | bytes | os.PathLike, target: str | Ta
     proto = load_model(model)
     path = None
     if cache:
-        key = _cache_key(proto.SerializeToString(deterministic=True), tgt, threads, opts, input_shapes)
+        key = _cache_key(proto.SerializeToString(deterministic=True), tgt, threads, opts, input_shapes, strategy,
+                         strategies, bounds_check)
         path = os.path.join(cache_dir(), key + ".kiln")
         if os.path.exists(path):
             try:
                 return Executable.load(path, num_threads=threads)
             except ValueError:
                 pass  # stale or foreign cache entry: recompile and overwrite
-    c = lower(proto, tgt, threads, opts, input_shapes)
+    c = lower(proto, tgt, threads, opts, input_shapes, strategy=strategy, strategies=strategies,
+              bounds_check=bounds_check)
     g = c.graph
     meta = {
         "inputs": [{"name": v.name, "dtype": v.dtype, "shape": list(v.shape)} for v in g.inputs],
         "outputs": [{"name": n, "dtype": v.dtype, "shape": list(v.shape)} for n, v in zip(g.output_names, g.outputs)],
         "arena_bytes": c.plan.arena_bytes, "num_threads": threads, "kernels": [k.name for k in c.program.kernels],
         "flops": [k.flops for k in c.program.kernels], "compile_s": c.timings,
+        "symbols": sorted({s for k in c.program.kernels for s in k.symbols}),
+        "strategies": {node: how for k in c.program.kernels for node, how in k.strategies.items()},
+        "bounds_check": bool(bounds_check),
+        "bounds_buffers": buffer_names(c.program) if bounds_check else [],
     }
     exe = Executable(c.obj, c.plan.weights, meta, tgt)
     if path:

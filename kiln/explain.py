@@ -27,7 +27,8 @@ def _asm_of(asm: str, name: str) -> str:
 
 
 def explain(model: onnx.ModelProto, node: str | None = None, stages: list[str] | None = None,
-            num_threads: int | None = None, target: str = "host", **options: Any) -> str:
+            num_threads: int | None = None, target: str = "host", strategy: str = "direct",
+            strategies: dict[str, str] | None = None, **options: Any) -> str:
     stages = stages or ["graph", "kernel", "llvm", "asm"]
     tgt = resolve(target)
     parts: list[str] = []
@@ -36,7 +37,8 @@ def explain(model: onnx.ModelProto, node: str | None = None, stages: list[str] |
         if "graph" in stages and (stage == "import" or stage.startswith("graph:")):
             parts.append(f"{RULE}\n== graph IR after {stage.removeprefix('graph:')}\n{obj}")
 
-    c = lower(model, tgt, num_threads or default_threads(), dict(options), trace=trace)
+    c = lower(model, tgt, num_threads or default_threads(), dict(options), trace=trace, strategy=strategy,
+              strategies=strategies)
     prog = c.program
     idx = 0
     if node:

@@ -10,9 +10,10 @@ from dataclasses import dataclass
 import numpy as np
 from llvmlite import ir
 
+from kiln.codegen.bounds import BoundsChecker
 from kiln.codegen.mathfn import VectorMath
 from kiln.kernel.analysis import coef, flat_index
-from kiln.kernel.ir import Bin, Cast, Const, Expr, Load, LocalRef, Reduce, Select, Un, Var
+from kiln.kernel.ir import Addr, Bin, Cast, Const, Expr, Load, LocalRef, Reduce, Select, Un, Var
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 F32, F64 = ir.FloatType(), ir.DoubleType()
@@ -54,6 +55,7 @@ class ExprEmitter:
         self.b, self.m, self.buffers, self.locals = builder, module, buffers, locals_
         self.env: dict[str, ir.Value] = {}
         self.vec: VectorCtx | None = None
+        self.bounds: BoundsChecker | None = None  # set in a bounds-checked (debug) build
 
     # -- helpers -------------------------------------------------------------------------------------------------
     def vtype(self, t: ir.Type) -> ir.Type:
@@ -124,6 +126,10 @@ class ExprEmitter:
             return self.b.select(c, a, b), v or cv
         if isinstance(e, Cast):
             return self.cast(e)
+        if isinstance(e, Addr):
+            assert self.vec is None, "an address is a scalar (a Call argument), not a vector lane"
+            ptr, dtype, flat = self.address(e.buf, e.index)
+            return self.b.gep(ptr, [self.ev(flat)[0]], source_etype=MEMORY[dtype]), False
         if isinstance(e, Reduce):
             raise AssertionError("Reduce must be hoisted before codegen")
         raise TypeError(f"cannot emit {type(e).__name__}")
@@ -159,7 +165,10 @@ class ExprEmitter:
         c = coef(flat, self.vec.var) if self.vec else 0
         if c == 0:
             idx, _ = self.ev(flat) if not self.vec else self._uniform(flat)
-            val = self.b.load(self.b.gep(ptr, [idx], source_etype=mt), typ=mt, align=align)
+            if self.bounds:
+                val = self.bounds.scalar_load(ptr, idx, mt, align)
+            else:
+                val = self.b.load(self.b.gep(ptr, [idx], source_etype=mt), typ=mt, align=align)
             return self._from_memory(val, dtype), False
         n = self.vec.lanes
         vt = ir.VectorType(mt, n)
@@ -168,6 +177,8 @@ class ExprEmitter:
         fill = ir.Constant(vt, [1] * n) if isinstance(mt, ir.IntType) else ir.Constant(vt, None)
         if c == 1:
             p = self.b.gep(ptr, [self._at_base(flat)], source_etype=mt)
+            if self.bounds:  # drop out-of-bounds lanes: the load becomes a masked one
+                mask = self.bounds.lanes(ptr, self.bounds.progression(self._at_base(flat), 1, n), mask)
             if mask is None:
                 val = self.b.load(p, typ=vt, align=align)
             else:
@@ -178,6 +189,8 @@ class ExprEmitter:
             return self._from_memory(self.strided_load(ptr, flat, c, mt, align), dtype), True
         idx, _ = self.ev(flat)
         ptrs = self.lane_pointers(ptr, idx, mt)
+        if self.bounds:
+            mask = self.bounds.lanes(ptr, idx, mask)
         fn = self._decl(f"llvm.masked.gather.v{n}{self._tname(mt)}.v{n}p0", vt,
                         [ir.VectorType(PTR, n), I32, ir.VectorType(I1, n), vt])
         all_on = ir.Constant(ir.VectorType(I1, n), [1] * n)
@@ -198,6 +211,8 @@ class ExprEmitter:
             mask = B.and_(mask, spread)
         fill = ir.Constant(wide, [1] * (n * c)) if isinstance(mt, ir.IntType) else ir.Constant(wide, None)
         p = B.gep(ptr, [self._at_base(flat)], source_etype=mt)
+        if self.bounds:  # every element the wide load touches, not only the kept ones
+            mask = self.bounds.lanes(ptr, self.bounds.progression(self._at_base(flat), 1, n * c), mask)
         fn = self._decl(f"llvm.masked.load.v{n * c}{self._tname(mt)}.p0", wide, [PTR, I32, mw, wide])
         val = B.call(fn, [p, ir.Constant(I32, align), mask, fill])
         return B.shuffle_vector(val, val, ir.Constant(ir.VectorType(I32, n), [j * c for j in range(n)]))
@@ -241,6 +256,8 @@ class ExprEmitter:
         p = self.b.gep(ptr, [self._at_base(flat)], source_etype=mt)
         fn = self._decl(f"llvm.masked.load.v{n}{self._tname(mt)}.p0", vt, [PTR, I32, ir.VectorType(I1, n), vt])
         fill = self.splat(self.const(Const(e.b.value, dtype)))
+        if self.bounds:
+            mask = self.bounds.lanes(ptr, self.bounds.progression(self._at_base(flat), 1, n), mask)
         align = elem_bytes(mt)
         return self.b.call(fn, [p, ir.Constant(I32, align), mask, fill]), True
 

@@ -7,9 +7,24 @@ from __future__ import annotations
 
 from llvmlite import ir
 
+from kiln.codegen.bounds import BoundsChecker
 from kiln.codegen.exprs import I32, I64, MEMORY, PTR, SCALAR, ExprEmitter, VectorCtx, elem_bytes
 from kiln.kernel.analysis import coef, flat_index
-from kiln.kernel.ir import Assign, Bin, Const, If, Kernel, Local, LocalRef, Loop, Stmt, Store, init_value
+from kiln.kernel.ir import (
+    Alloc,
+    Assign,
+    Bin,
+    Call,
+    Const,
+    If,
+    Kernel,
+    Local,
+    LocalRef,
+    Loop,
+    Stmt,
+    Store,
+    init_value,
+)
 
 NTHREADS_GLOBAL = "kiln.nthreads"
 PARALLEL_GLOBAL = "kiln.parallel"
@@ -30,8 +45,9 @@ def declare_runtime(m: ir.Module) -> None:
 
 
 class KernelEmitter:
-    def __init__(self, module: ir.Module, kernel: Kernel, fn_name: str):
+    def __init__(self, module: ir.Module, kernel: Kernel, fn_name: str, bounds_check: bool = False):
         self.m, self.k, self.name = module, kernel, fn_name
+        self.bounds_check = bounds_check  # debug build: every access checked (codegen/bounds.py)
         self.bufs = list(kernel.args) + list(kernel.scratch)
         self.n_par = 0
 
@@ -54,7 +70,10 @@ class KernelEmitter:
 
     def emitter(self, b: ir.IRBuilder, ptrs: list[ir.Value]) -> ExprEmitter:
         buffers = {buf.name: (p, buf.dtype, buf.shape) for buf, p in zip(self.bufs, ptrs)}
-        return ExprEmitter(b, self.m, buffers, {})
+        em = ExprEmitter(b, self.m, buffers, {})
+        if self.bounds_check:
+            em.bounds = BoundsChecker(b, self.m, em.buffers, {buf.name: i for i, buf in enumerate(self.bufs)})
+        return em
 
     # -- statements ------------------------------------------------------------------------------------------
     def stmts(self, b: ir.IRBuilder, em: ExprEmitter, body: list[Stmt]) -> None:
@@ -74,6 +93,15 @@ class KernelEmitter:
                 ptr, vec = em.local_slot(s.name, s.slot)
                 v, is_vec = em.ev(s.value)
                 b.store(em.splat(v) if vec and not is_vec else v, ptr)
+            elif isinstance(s, Alloc):
+                n = 1
+                for d in s.shape:
+                    n *= d
+                mem = self.entry_alloca(b, ir.ArrayType(MEMORY[s.dtype], n))
+                mem.align = 64  # microkernels may use aligned vector loads on their packed blocks
+                em.buffers[s.name] = (b.bitcast(mem, PTR), s.dtype, s.shape)
+            elif isinstance(s, Call):
+                self.call(b, em, s)
             elif isinstance(s, If):
                 c, is_vec = em.ev(s.cond)
                 assert not is_vec, "If conditions must be uniform"
@@ -86,6 +114,16 @@ class KernelEmitter:
                             self.stmts(b, em, s.body)
                         with otherwise:
                             self.stmts(b, em, s.orelse)
+
+    def call(self, b: ir.IRBuilder, em: ExprEmitter, s: Call) -> None:
+        """A microkernel (defined in the module, see codegen/module.py) or a library symbol (resolved when
+        the object is loaded): declared here with C types from the argument dtypes."""
+        assert em.vec is None, f"call {s.fn} inside a vector loop"
+        args = [em.ev(a)[0] for a in s.args]
+        fn = self.m.globals.get(s.fn)
+        if fn is None:
+            fn = ir.Function(self.m, ir.FunctionType(ir.VoidType(), [a.type for a in args]), s.fn)
+        b.call(fn, args)
 
     def entry_alloca(self, b: ir.IRBuilder, t: ir.Type) -> ir.Value:
         """Allocas in the entry block so mem2reg turns accumulators into registers."""
@@ -103,7 +141,10 @@ class KernelEmitter:
         mt = MEMORY[dtype]
         align = elem_bytes(mt)
         if not em.vec:
-            b.store(val, b.gep(ptr, [em.ev(flat)[0]], source_etype=mt), align=align)
+            if em.bounds:
+                em.bounds.scalar_store(val, ptr, em.ev(flat)[0], mt, align)
+            else:
+                b.store(val, b.gep(ptr, [em.ev(flat)[0]], source_etype=mt), align=align)
             return
         if not is_vec:
             val = em.splat(val)
@@ -111,6 +152,8 @@ class KernelEmitter:
         n, mask = em.vec.lanes, em.vec.mask
         if c == 1:
             p = b.gep(ptr, [em._at_base(flat)], source_etype=mt)
+            if em.bounds:  # drop out-of-bounds lanes: the store becomes a masked one
+                mask = em.bounds.lanes(ptr, em.bounds.progression(em._at_base(flat), 1, n), mask)
             if mask is None:
                 b.store(val, p, align=align)
             else:
@@ -123,6 +166,8 @@ class KernelEmitter:
             raise AssertionError(f"vectorized store to a uniform address in {self.k.name}: bad schedule")
         idx, _ = em.ev(flat)
         ptrs = em.lane_pointers(ptr, idx, mt)
+        if em.bounds:
+            mask = em.bounds.lanes(ptr, idx, mask)
         vt, mt1 = ir.VectorType(mt, n), ir.VectorType(ir.IntType(1), n)
         fn = em._decl(f"llvm.masked.scatter.v{n}{em._tname(mt)}.v{n}p0", ir.VoidType(),
                       [vt, ir.VectorType(PTR, n), I32, mt1])

@@ -10,10 +10,12 @@ nothing from the process that compiled it."""
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 
 from llvmlite import ir
 
+from kiln.codegen.bounds import declare_bounds_runtime, set_current_kernel
 from kiln.codegen.exprs import I32, I64, PTR
 from kiln.codegen.kernel import NTHREADS_GLOBAL, PARALLEL_GLOBAL, KernelEmitter, declare_runtime
 from kiln.kernel.build import Program
@@ -43,23 +45,39 @@ def opaque_pointers() -> Iterator[None]:
         types.ir_layer_typed_pointers_enabled = saved
 
 
-def build_module_text(prog: Program, plan: MemoryPlan, target: Target) -> tuple[str, list[str]]:
+def build_module_text(prog: Program, plan: MemoryPlan, target: Target,
+                      bounds_check: bool = False) -> tuple[str, list[str]]:
     with opaque_pointers():
-        m, called = build_module(prog, plan, target)
-        return str(m), called
+        m, called = build_module(prog, plan, target, bounds_check)
+        return link_extern_ir(str(m), prog.kernels), called
 
 
-def build_module(prog: Program, plan: MemoryPlan, target: Target) -> tuple[ir.Module, list[str]]:
-    """Returns the module and, per kernel call, the name of the function it calls."""
+def link_extern_ir(text: str, kernels: list[Kernel]) -> str:
+    """Replace the declarations of the microkernels the kernels call with their hand-written definitions."""
+    defs: dict[str, str] = {}
+    for k in kernels:
+        defs.update(k.extern_ir)
+    for name, body in defs.items():
+        text = re.sub(rf'^declare [^\n]*@"?{re.escape(name)}"?\([^\n]*\n', "", text, flags=re.M)
+        text += "\n" + body.strip() + "\n"
+    return text
+
+
+def build_module(prog: Program, plan: MemoryPlan, target: Target,
+                 bounds_check: bool = False) -> tuple[ir.Module, list[str]]:
+    """Returns the module and, per kernel call, the name of the function it calls. `bounds_check`: the debug
+    build, every memory access checked (codegen/bounds.py)."""
     m = ir.Module(name=prog.graph.name)
     m.triple = target.triple
     declare_runtime(m)
+    if bounds_check:
+        declare_bounds_runtime(m)
     fns: dict[str, ir.Function] = {}
     called: list[str] = []
     for k in prog.kernels:
         key = kernel_key(k)
         if key not in fns:
-            fns[key] = KernelEmitter(m, k, k.name).emit()
+            fns[key] = KernelEmitter(m, k, k.name, bounds_check).emit()
         called.append(fns[key].name)
 
     hook_ty = ir.PointerType(ir.FunctionType(ir.VoidType(), [I32]))  # typed, so llvmlite knows the callee type
@@ -79,6 +97,8 @@ def build_module(prog: Program, plan: MemoryPlan, target: Target) -> tuple[ir.Mo
             else:
                 base = arena if p.kind == "arena" else weights
                 ptrs.append(b.gep(base, [ir.Constant(I64, p.index)], source_etype=ir.IntType(8)))
+        if bounds_check:
+            set_current_kernel(b, m, idx)
         b.call(m.globals[called[idx]], ptrs)
         with b.if_then(has_hook, likely=False):
             b.call(hook, [ir.Constant(I32, idx)])

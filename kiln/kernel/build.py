@@ -148,6 +148,10 @@ def build_program(graph: Graph, options: dict[str, bool]) -> Program:
             prog.view_of[n.outputs[0].name] = n.inputs[0].name
             continue
         low: Lowered = lower_node(n)
+        if "strategy" in n.attrs:  # the schedule of the anchor's reduction builds it this way (kiln/strategy.py)
+            for c in low.computes:
+                if any(isinstance(x, Reduce) for x in walk(c.body)):
+                    c.hints.update(strategy=n.attrs["strategy"], node=n.name, op=n.op)
         g = Group(low.computes, low.temps, [n], n.outputs[0])
         for v in n.inputs:
             p = group_of.get(id(v))

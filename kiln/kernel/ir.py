@@ -185,6 +185,17 @@ class Reduce(Expr):
         return f"{self.op}[{ax}]({self.body!r})"
 
 
+@dataclass(frozen=True, repr=False)
+class Addr(Expr):
+    """The address of buf[index] (a pointer), for passing a tile of a buffer to a `Call`."""
+    buf: str
+    index: tuple[Expr, ...]
+    dtype: str = "ptr"
+
+    def __repr__(self) -> str:
+        return f"&{self.buf}[{', '.join(map(repr, self.index))}]"
+
+
 def fn(op: str, a: Expr) -> Expr:
     return Un(op, a)
 
@@ -219,7 +230,7 @@ def init_value(op: str, dtype: str) -> Const:
 
 # -- generic traversal ---------------------------------------------------------------------------------------------
 def children(e: Expr) -> list[Expr]:
-    if isinstance(e, Load):
+    if isinstance(e, (Load, Addr)):
         return list(e.index)
     if isinstance(e, Reduce):
         return [e.body]
@@ -227,7 +238,7 @@ def children(e: Expr) -> list[Expr]:
 
 
 def rebuild(e: Expr, kids: list[Expr]) -> Expr:
-    if isinstance(e, Load):
+    if isinstance(e, (Load, Addr)):
         return replace(e, index=tuple(kids))
     if isinstance(e, Reduce):
         return Reduce(e.op, e.axes, kids[0])
@@ -350,7 +361,25 @@ class If:
     orelse: list[Stmt] = field(default_factory=list)
 
 
-Stmt = Loop | Store | Local | Assign | If
+@dataclass
+class Alloc:
+    """A private buffer of the enclosing function (stack memory: one per thread inside a parallel loop), e.g.
+    the packed A block or the C tile a microkernel works on. Loads/Stores/Addr address it by `name`."""
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+
+@dataclass
+class Call:
+    """Call a function the loop nest does not describe: a hand-written microkernel linked into the module
+    (kiln/ukernels) or a library routine resolved when the object is loaded (kiln/library). Arguments are
+    `Addr`s (pointers) and scalar expressions (their dtype gives the C type: int64, int32, float32)."""
+    fn: str
+    args: tuple[Expr, ...]
+
+
+Stmt = Loop | Store | Local | Assign | If | Alloc | Call
 
 
 @dataclass
@@ -362,6 +391,9 @@ class Kernel:
     computes: list[Compute] = field(default_factory=list)
     body: list[Stmt] = field(default_factory=list)
     flops: float = 0.0
+    extern_ir: dict[str, str] = field(default_factory=dict)  # microkernel name → its LLVM IR definition
+    symbols: list[str] = field(default_factory=list)         # library symbols resolved at load (kiln/library)
+    strategies: dict[str, str] = field(default_factory=dict)  # anchor node → how it was actually built
 
     def buffer(self, name: str) -> Buffer:
         for b in itertools.chain(self.args, self.scratch):
@@ -397,6 +429,10 @@ def format_stmts(stmts: list[Stmt], depth: int) -> list[str]:
         elif isinstance(s, Assign):
             slot = f"[{s.slot!r}]" if s.slot is not None else ""
             out.append(f"{pad}${s.name}{slot} = {s.value!r}")
+        elif isinstance(s, Alloc):
+            out.append(f"{pad}alloc {s.name}: {s.dtype}{list(s.shape)}")
+        elif isinstance(s, Call):
+            out.append(f"{pad}call {s.fn}({', '.join(map(repr, s.args))})")
         elif isinstance(s, If):
             out.append(f"{pad}if {s.cond!r}:")
             out += format_stmts(s.body, depth + 1)

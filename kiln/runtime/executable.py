@@ -12,8 +12,10 @@ from typing import Any
 
 import numpy as np
 
+from kiln.codegen.bounds import RECORD_ACCESSOR, RECORD_LEN
 from kiln.codegen.jit import LoadedObject
 from kiln.codegen.module import ENTRY
+from kiln.errors import BoundsError
 from kiln.runtime.threadpool import pool_address
 from kiln.target import Target
 
@@ -42,9 +44,13 @@ class Executable:
         self._weights = _aligned(len(weights))
         self._weights[:len(weights)] = np.frombuffer(weights, dtype=np.uint8)
         self._arena = _aligned(meta["arena_bytes"])
+        if meta.get("symbols"):  # library calls (strategy="library"): bind their symbols before linking
+            from kiln.library import bind_symbols
+            self._libraries = bind_symbols(meta["symbols"], self.num_threads)
         self._code = LoadedObject(obj, target)
         self._entry = _ENTRY_T(self._code.address(ENTRY))
         self._pool = pool_address()
+        self._bounds = _bounds_record(self._code) if meta.get("bounds_check") else None
         self._lock = threading.Lock()  # one arena: one run at a time
 
     @property
@@ -91,10 +97,27 @@ class Executable:
                 last[0] = now
             hook = _HOOK_T(tick)
         with self._lock:
+            if self._bounds is not None:
+                ctypes.memset(self._bounds, 0, ctypes.sizeof(self._bounds))
             self._entry(ctypes.addressof(in_ptrs), ctypes.addressof(out_ptrs), self._arena.ctypes.data,
                         self._weights.ctypes.data, self.num_threads,
                         ctypes.cast(hook, ctypes.c_void_p) if hook else None, self._pool)
+            violation = list(self._bounds) if self._bounds is not None and self._bounds[0] else None
+        if violation:
+            raise self._bounds_error(*violation)
         return outs
+
+    def _bounds_error(self, call: int, position: int, index: int, size: int, count: int) -> BoundsError:
+        """Name the first violation a bounds-checked run recorded (layout: kiln/codegen/bounds.py)."""
+        k = call - 1
+        kernel = self.kernel_names[k] if 0 <= k < len(self.kernel_names) else f"#{k}"
+        names = self.meta.get("bounds_buffers", [])
+        if 0 <= k < len(names) and 0 <= position < len(names[k]):
+            local, bound = names[k][position]
+            buffer = f"'{local}'" + (f" (graph buffer '{bound}')" if bound != local else "")
+        else:
+            buffer = f"#{position} (a buffer the kernel allocates itself)" if position < 0 else f"#{position}"
+        return BoundsError(kernel, buffer, index, size, count)
 
     __call__ = run
 
@@ -123,6 +146,12 @@ class Executable:
         if num_threads is not None:
             meta["num_threads"] = num_threads
         return Executable(obj, weights, meta, target)
+
+
+def _bounds_record(code: LoadedObject) -> ctypes.Array:
+    """The i64 record a bounds-checked module keeps its first violation in (kiln/codegen/bounds.py)."""
+    addr = ctypes.CFUNCTYPE(ctypes.c_void_p)(code.address(RECORD_ACCESSOR))()
+    return (ctypes.c_int64 * RECORD_LEN).from_address(addr)
 
 
 def _aligned(nbytes: int, align: int = 64) -> np.ndarray:

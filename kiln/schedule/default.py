@@ -25,6 +25,14 @@ def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: i
                      options: dict[str, bool]) -> list[Stmt]:
     if options.get("fuse_axes", True):
         c = fuse_contiguous_axes(c, lambda name: k.buffer(name).shape)
+    strategy = str(c.hints.get("strategy", "direct"))
+    if strategy not in ("direct", "auto"):  # the anchor built on a microkernel or a library call
+        built = schedule_by_strategy(k, c, tag, target, threads, options, strategy)
+        if built is not None:
+            k.strategies[c.hints.get("node", c.out)] = strategy
+            return built
+    if "strategy" in c.hints:
+        k.strategies[c.hints.get("node", c.out)] = "direct"
     if options.get("register_tile", True) and options.get("vectorize", True):
         shape = choose_tile(k, c, target)
         if shape is not None:
@@ -84,6 +92,17 @@ def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: i
         fused = fuse(fused)
         used += 1
     return [parallel(fused)]
+
+
+def schedule_by_strategy(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
+                         options: dict[str, bool], strategy: str) -> list[Stmt] | None:
+    """The loop nest of an anchor built with a microkernel or a library, or None where that strategy does
+    not apply to this compute (it is then emitted directly, and `Kernel.strategies` records that)."""
+    if strategy == "ukernel":
+        from kiln.schedule.ukernel import schedule_ukernel
+        return schedule_ukernel(k, c, tag, target, threads, options)
+    from kiln.schedule.library import schedule_library
+    return schedule_library(k, c, tag, target, threads, options, strategy)
 
 
 def _innermost_reduction(body: list[Stmt]) -> Loop | None:

@@ -5,7 +5,9 @@ shows the nest before and after, TVM-style."""
 from __future__ import annotations
 
 from kiln.kernel.ir import (
+    Alloc,
     Assign,
+    Call,
     Compute,
     Const,
     Expr,
@@ -72,6 +74,10 @@ def rename(stmts: list[Stmt], mapping: dict[Expr, Expr]) -> list[Stmt]:
                               None if s.slot is None else substitute(s.slot, mapping)))
         elif isinstance(s, If):
             out.append(If(substitute(s.cond, mapping), rename(s.body, mapping), rename(s.orelse, mapping)))
+        elif isinstance(s, Call):
+            out.append(Call(s.fn, tuple(substitute(a, mapping) for a in s.args)))
+        elif isinstance(s, Alloc):
+            out.append(s)
         else:
             out.append(Local(s.name, s.dtype, substitute(s.init, mapping), s.count))
     return out

@@ -13,6 +13,7 @@ import numpy as np
 
 from kiln.graph.ir import Graph, Node, TensorType, Value
 from kiln.graph.ops import OPS, OpDef, broadcast, conv_out
+from kiln.strategy import strategy_of
 from kiln.target import Target
 
 MIN_N = 32   # narrower B: nothing to gain
@@ -73,8 +74,14 @@ def conv_by_channels(x: tuple[int, ...], y: tuple[int, ...], w: tuple[int, ...],
 def pack_weights(g: Graph, target: Target) -> Graph:
     nr = 2 * target.lanes(32)
     for i, n in enumerate(g.nodes):
-        if n.op == "Conv" and n.inputs[1].const is not None and n.inputs[1].dtype == "float32" and \
-                conv_by_channels(n.inputs[0].shape, n.outputs[0].shape, n.inputs[1].shape, n.attrs, target.lanes(32)):
+        strategy = strategy_of(n.attrs)
+        if strategy.startswith("library"):
+            continue  # a library packs its own operands from the plain layout
+        # a microkernel needs its B operand in NR panels: every dense 2-D conv goes by channels
+        by_channels = strategy == "ukernel" and n.op == "Conv" and n.attrs.get("group") == 1 \
+            and len(n.inputs[0].shape) == 4
+        if n.op == "Conv" and n.inputs[1].const is not None and n.inputs[1].dtype == "float32" and (by_channels or
+                conv_by_channels(n.inputs[0].shape, n.outputs[0].shape, n.inputs[1].shape, n.attrs, target.lanes(32))):
             w = n.inputs[1].const
             co = w.shape[0]
             wp = pack(w.reshape(co, -1).T, nr).reshape((-(-co // nr),) + w.shape[1:] + (nr,))
@@ -92,7 +99,7 @@ def pack_weights(g: Graph, target: Target) -> Graph:
             continue
         bp = pack(b.const, nr)
         packed = Value(g.fresh(b.name + ".packed"), TensorType("float32", bp.shape), const=bp)
-        node = Node("PackedMatMul", [a, packed], n.outputs, {"n": b.shape[1], "nr": nr}, n.name)
+        node = Node("PackedMatMul", [a, packed], n.outputs, {"n": b.shape[1], "nr": nr, "strategy": strategy}, n.name)
         for v in node.outputs:
             v.producer = node
         g.nodes[i] = node
