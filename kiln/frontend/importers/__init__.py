@@ -1,0 +1,69 @@
+"""One import function per ONNX op type, registered in IMPORTERS — grouped by op family in this package's
+modules (elementwise, nn, reduce, shape, composite, einsum, resize, indexing).
+
+Each takes the import context and the node's input Values (None for an omitted optional input) and
+returns the Values of the node's outputs, built from Kiln core ops with every attribute normalized
+(explicit axes, pads, shapes; opset differences resolved here and nowhere else)."""
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import numpy as np
+
+from kiln.errors import KilnError, ModelError
+from kiln.frontend.onnx import Ctx
+from kiln.graph.ir import Value
+
+Importer = Callable[[Ctx, list[Value | None]], list[Value]]
+IMPORTERS: dict[str, Importer] = {}
+
+
+def importer(*names: str) -> Callable[[Importer], Importer]:
+    def reg(fn: Importer) -> Importer:
+        @functools.wraps(fn)
+        def guarded(cx: Ctx, ins: list[Value | None]) -> list[Value]:
+            """A malformed node (missing input, bad attribute, inconsistent shapes) is a ModelError naming it,
+            never a stray IndexError/TypeError/ZeroDivisionError from the import function."""
+            try:
+                return fn(cx, ins)
+            except KilnError:
+                raise
+            except (IndexError, KeyError, TypeError, ValueError, ZeroDivisionError, AttributeError,
+                    OverflowError) as e:
+                raise ModelError(f"node '{cx.name}' ({cx.node.op_type}, opset {cx.opset}): invalid inputs or "
+                                 f"attributes: {type(e).__name__}: {e}") from None
+        for n in names:
+            IMPORTERS[n] = guarded
+        return guarded
+    return reg
+
+
+def fold_with_reference(cx: Ctx, ins: list[Value | None]) -> list[Value]:
+    """Evaluate an all-constant node with ONNX's reference implementation (ops Kiln only meets in
+    shape arithmetic: Range, NonZero, ...)."""
+    from onnx.reference import ReferenceEvaluator
+
+    try:
+        feeds = {n: v.const for n, v in zip(cx.node.input, ins) if v is not None}
+        outs = ReferenceEvaluator(cx.node, opsets={"": cx.opset}).run(None, feeds)
+    except Exception as e:
+        raise cx.unsupported(f"constant evaluation failed: {e}") from None
+    return [cx.constant(np.asarray(o)) for o in outs]
+
+
+def _axis(ax: int, rank: int, cx: Ctx) -> int:
+    if not -rank <= ax < max(rank, 1):
+        raise cx.unsupported(f"axis {ax} is out of range for rank {rank}")
+    return ax % max(rank, 1)
+
+def _scalar(cx: Ctx, v: float, like: Value) -> Value:
+    return cx.constant(np.array(v, dtype=like.dtype))
+
+
+def _opt(ins: list[Value | None], i: int) -> Value | None:
+    return ins[i] if len(ins) > i else None
+
+
+# the op families register themselves on import (after `importer` exists)
+from kiln.frontend.importers import composite, einsum, elementwise, indexing, nn, reduce, resize, shape  # noqa: E402, F401, I001
