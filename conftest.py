@@ -1,11 +1,21 @@
-"""Project-wide pytest options: slow tests run only with --runslow."""
+"""Project-wide pytest options: slow tests run only with --runslow; --bounds-check compiles every model the
+op-test helpers (tests/conftest.py `check`, `check_op`, ...) build as a bounds-checked debug build."""
 from __future__ import annotations
+
+import os
 
 import pytest
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--runslow", action="store_true", default=False, help="also run tests marked slow")
+    parser.addoption("--bounds-check", action="store_true", default=False,
+                     help="compile the op-test helpers' models with bounds_check=True (same as KILN_BOUNDS_CHECK=1)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--bounds-check"):
+        os.environ["KILN_BOUNDS_CHECK"] = "1"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -2,6 +2,7 @@
 from kiln.compiler import PASS_OPTIONS, __version__, compile
 from kiln.errors import KilnError, ModelError, UnsupportedOperator
 from kiln.runtime.executable import Executable
+from kiln.strategy import STRATEGIES
 
 
 def load(path: str, num_threads: int | None = None) -> Executable:
@@ -10,4 +11,4 @@ def load(path: str, num_threads: int | None = None) -> Executable:
 
 
 __all__ = ["compile", "load", "Executable", "KilnError", "ModelError", "UnsupportedOperator", "PASS_OPTIONS",
-           "__version__"]
+           "STRATEGIES", "__version__"]

@@ -49,14 +49,33 @@ def _options(args: argparse.Namespace) -> dict:
         overrides[key] = val
     if overrides:
         opts["strategies"] = overrides
+    if getattr(args, "bounds_check", False):
+        opts["bounds_check"] = True
     return opts
+
+
+def _cross_target(args: argparse.Namespace):  # noqa: ANN202 - kiln.target.Target | None
+    """The --target/--cpu target when it is another ISA (built with kiln/cross), else None (the host)."""
+    if not getattr(args, "target", None) and not getattr(args, "cpu", None):
+        return None
+    from kiln.target import host, resolve
+
+    t = resolve(args.target or "host", cpu=args.cpu)
+    if t.triple != host().triple and getattr(args, "bounds_check", False):
+        raise ValueError(f"--bounds-check builds run on the host only, not on {args.target or args.cpu}")
+    return None if t.triple == host().triple else t
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
     import kiln
 
+    cross = _cross_target(args)
+    if cross is not None:
+        from kiln.cross.cli import compile_cross
+        return compile_cross(args, _model(args.model), cross, {name: False for name in (args.disable or [])})
     t = time.perf_counter()
-    exe = kiln.compile(_model(args.model), num_threads=args.threads, cache=not args.no_cache, **_options(args))
+    exe = kiln.compile(_model(args.model), target=args.target or "host", num_threads=args.threads,
+                       cache=not args.no_cache, **_options(args))
     exe.save(args.output)
     print(f"compiled {args.model} in {time.perf_counter() - t:.2f} s → {args.output} "
           f"({len(exe.kernel_names)} kernels, arena {exe.meta['arena_bytes'] / 2**20:.1f} MiB)")
@@ -66,12 +85,18 @@ def cmd_compile(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     import kiln
 
+    cross = _cross_target(args)
+    if cross is not None:
+        from kiln.cross.cli import run_cross
+        return run_cross(args, _model(args.model), cross, {name: False for name in (args.disable or [])},
+                         lambda binary: _feeds(binary, args.model, args.input))
     t = time.perf_counter()
     if args.model.endswith(".kiln"):
         exe, proto = kiln.load(args.model, num_threads=args.threads), None
     else:
         proto = _model(args.model)
-        exe = kiln.compile(proto, num_threads=args.threads, cache=not args.no_cache, **_options(args))
+        exe = kiln.compile(proto, target=args.target or "host", num_threads=args.threads, cache=not args.no_cache,
+                           **_options(args))
     compile_s = time.perf_counter() - t
     feeds = _feeds(exe, args.model, args.input)
     outs = exe.run(feeds)
@@ -122,7 +147,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_explain(args: argparse.Namespace) -> int:
     from kiln.explain import explain
 
-    print(explain(_model(args.model), node=args.node, stages=args.stage, num_threads=args.threads, **_options(args)))
+    opts = _options(args)
+    if opts.get("strategy") == "all":  # one node built every available way, side by side
+        from kiln.explain import compare_strategies
+        opts.pop("strategy")
+        opts.pop("strategies", None)
+        print(compare_strategies(_model(args.model), args.node, num_threads=args.threads, **opts))
+        return 0
+    print(explain(_model(args.model), node=args.node, stages=args.stage, num_threads=args.threads, **opts))
     return 0
 
 
@@ -146,13 +178,18 @@ def main(argv: list[str] | None = None) -> int:
         sp.add_argument("--no-cache", action="store_true", help="do not use the on-disk compile cache")
         sp.add_argument("--strategy", default=None, metavar="S",
                         help="how MatMul/Conv are built: direct (default), ukernel, library[:mkl|openblas|onednn], "
-                             "auto")
+                             "auto; `explain --strategy all` compares them for one node")
         sp.add_argument("--strategy-for", action="append", metavar="NODE=S",
                         help="per node name or op type override, e.g. Conv=ukernel (repeatable)")
 
     c = sub.add_parser("compile", help="compile a model to a .kiln file")
     common(c)
-    c.add_argument("-o", "--output", required=True)
+    c.add_argument("-o", "--output", required=True, help="FILE.kiln, or FILE.o (and FILE.s) for --target")
+    c.add_argument("--target", help="host (default), avx512, avx2, or a cross target: aarch64-neon, aarch64-sve, "
+                                    "aarch64-sve2, aarch64-sme, riscv64-rvv (NAME:CPU picks the CPU)")
+    c.add_argument("--cpu", help="CPU of a cross target, e.g. neoverse-v1, sifive-x280")
+    c.add_argument("--bounds-check", action="store_true",
+                   help="debug build: check every memory access; a run that goes out of bounds fails with BoundsError")
     c.set_defaults(fn=cmd_compile)
 
     r = sub.add_parser("run", help="compile (or load a .kiln) and run on random or given inputs")
@@ -160,10 +197,16 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--input", action="append", help="x.npy or name=x.npy (repeatable)")
     r.add_argument("--output", help="save the first output as .npy")
     r.add_argument("--check", action="store_true", help="compare with onnxruntime")
+    r.add_argument("--target", help="a cross target (aarch64-sve, riscv64-rvv, ...): build it and run it under qemu")
+    r.add_argument("--cpu", help="CPU of the cross target")
+    r.add_argument("--vlen", action="append", metavar="BITS",
+                   help="vector lengths to run a cross target at, e.g. 128,512 (default: min, 2×, 4×)")
     r.add_argument("--rtol", type=float, default=1e-3, help="--check tolerance: max abs err / max |ref|")
     r.add_argument("--repeat", type=int, default=10)
     r.add_argument("--profile", action="store_true", help="per-kernel time")
     r.add_argument("--top", type=int, default=25, help="kernels shown by --profile")
+    r.add_argument("--bounds-check", action="store_true",
+                   help="debug build: check every memory access; a run that goes out of bounds fails with BoundsError")
     r.set_defaults(fn=cmd_run)
 
     e = sub.add_parser("explain", help="print the IR at every stage (graph, kernels, LLVM) for one node")

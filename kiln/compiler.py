@@ -13,8 +13,9 @@ from typing import Any
 
 import onnx
 
+from kiln.errors import TargetError
 from kiln.graph.ir import Graph
-from kiln.target import Target, resolve
+from kiln.target import Target, host, resolve
 
 __version__ = "0.1.0"
 
@@ -53,16 +54,32 @@ def lower(model: onnx.ModelProto | str | bytes, target: Target, num_threads: int
           input_shapes: dict[str, Sequence[int]] | None = None, trace: Trace | None = None,
           stop_after: str = "object", strategy: str = "direct",
           strategies: dict[str, str] | None = None, bounds_check: bool = False) -> Compiled:
+    from kiln.frontend.onnx import import_onnx
+    from kiln.strategy import assign_strategies
+
+    t0 = time.perf_counter()
+    graph = import_onnx(model, input_shapes)                                 # 1. ONNX → graph IR
+    graph = assign_strategies(graph, strategy, strategies)                   #    direct/ukernel/library per anchor
+    if any(n.attrs.get("strategy") == "auto" for n in graph.nodes):          #    auto: measured on the target
+        from kiln.autostrategy import choose_strategies
+        graph = choose_strategies(graph, target, num_threads, options)
+    if trace:
+        trace("import", graph)
+    return lower_graph(graph, target, num_threads, options, trace, stop_after, bounds_check, t0)
+
+
+def lower_graph(graph: Graph, target: Target, num_threads: int, options: dict[str, bool],
+                trace: Trace | None = None, stop_after: str = "object", bounds_check: bool = False,
+                t0: float | None = None) -> Compiled:
+    """Steps 2–8 of `lower` on a graph that is already imported (and has its strategies assigned)."""
     from kiln.codegen.jit import emit_object, optimize
     from kiln.codegen.module import build_module_text
-    from kiln.frontend.onnx import import_onnx
     from kiln.graph.passes import run_graph_passes
     from kiln.kernel.build import build_program
     from kiln.runtime.memory import plan_memory
     from kiln.schedule.default import schedule_kernel
-    from kiln.strategy import assign_strategies
 
-    t = time.perf_counter()
+    t = t0 if t0 is not None else time.perf_counter()
     times: dict[str, float] = {}
 
     def lap(stage: str) -> None:
@@ -72,12 +89,6 @@ def lower(model: onnx.ModelProto | str | bytes, target: Target, num_threads: int
         t = now
 
     tr = trace or (lambda stage, obj: None)
-    graph = import_onnx(model, input_shapes)                                 # 1. ONNX → graph IR
-    graph = assign_strategies(graph, strategy, strategies)                   #    direct/ukernel/library per anchor
-    if any(n.attrs.get("strategy") == "auto" for n in graph.nodes):          #    auto: measured on the target
-        from kiln.autostrategy import choose_strategies
-        graph = choose_strategies(graph, target, num_threads, options)
-    tr("import", graph)
     graph = run_graph_passes(graph, options, target, trace=lambda name, g: tr(f"graph:{name}", g))  # 2. graph passes
     lap("graph")
     out = Compiled(graph, timings=times)
@@ -145,7 +156,6 @@ def compile(model: onnx.ModelProto | str | bytes | os.PathLike, target: str | Ta
     `strategy` says how anchor ops (MatMul, Conv) are built — "direct" | "ukernel" | "library[:name]" | "auto"
     (kiln/strategy.py); `strategies` overrides it per node name or op type. `bounds_check=True` is the debug
     build: every access is checked and a run that went out of bounds raises kiln.errors.BoundsError."""
-    from kiln.codegen.bounds import buffer_names
     from kiln.frontend.onnx import load_model
     from kiln.runtime.executable import Executable
     from kiln.strategy import check_strategy
@@ -155,6 +165,9 @@ def compile(model: onnx.ModelProto | str | bytes | os.PathLike, target: str | Ta
     for v in (strategies or {}).values():
         check_strategy(v)
     tgt = resolve(target)
+    if tgt.triple != host().triple:  # its machine code cannot be loaded into this process
+        raise TargetError(f"target {tgt.name} is another ISA than this machine: build it with "
+                          f"kiln.cross.build_binary, or `kiln compile MODEL --target {tgt.name} -o FILE.o`")
     threads = int(num_threads) if num_threads else default_threads()
     if threads < 1:
         raise ValueError(f"num_threads must be ≥ 1, got {num_threads}")
@@ -171,6 +184,19 @@ def compile(model: onnx.ModelProto | str | bytes | os.PathLike, target: str | Ta
                 pass  # stale or foreign cache entry: recompile and overwrite
     c = lower(proto, tgt, threads, opts, input_shapes, strategy=strategy, strategies=strategies,
               bounds_check=bounds_check)
+    exe = executable_of(c, tgt, threads, bounds_check)
+    if path:
+        tmp = f"{path}.{os.getpid()}.tmp"
+        exe.save(tmp)
+        os.replace(tmp, path)
+    return exe
+
+
+def executable_of(c: Compiled, tgt: Target, threads: int, bounds_check: bool = False):  # noqa: ANN201
+    """Load the machine code of a lowered model into this process, with the metadata `run`/`save` need."""
+    from kiln.codegen.bounds import buffer_names
+    from kiln.runtime.executable import Executable
+
     g = c.graph
     meta = {
         "inputs": [{"name": v.name, "dtype": v.dtype, "shape": list(v.shape)} for v in g.inputs],
@@ -182,9 +208,4 @@ def compile(model: onnx.ModelProto | str | bytes | os.PathLike, target: str | Ta
         "bounds_check": bool(bounds_check),
         "bounds_buffers": buffer_names(c.program) if bounds_check else [],
     }
-    exe = Executable(c.obj, c.plan.weights, meta, tgt)
-    if path:
-        tmp = f"{path}.{os.getpid()}.tmp"
-        exe.save(tmp)
-        os.replace(tmp, path)
-    return exe
+    return Executable(c.obj, c.plan.weights, meta, tgt)

@@ -6,6 +6,7 @@ from typing import Any
 
 import onnx
 
+from kiln.asm import CLASSES, function_asm, hot_loop, mix
 from kiln.compiler import default_threads, lower
 from kiln.target import resolve
 
@@ -22,8 +23,54 @@ def _function_text(llvm: str, name: str) -> str:
 
 def _asm_of(asm: str, name: str) -> str:
     """The assembly of a kernel function and its outlined parallel workers."""
-    found = re.findall(r"^\"?" + re.escape(name) + r"(?:\.par\d+)?\"?:.*?(?=^\s*\.Lfunc_end)", asm, re.M | re.S)
-    return "\n".join(found) or f"(assembly of {name} not found)"
+    return function_asm(asm, [name]) or f"(assembly of {name} not found)"
+
+
+def _kernel_index(prog: Any, node: str | None) -> int:
+    if not node:
+        return 0
+    hits = [i for i, g in enumerate(prog.groups) if any(n.name == node or n.op == node for n in g.nodes)]
+    if not hits:
+        raise ValueError(f"no kernel contains a node named or typed {node!r}")
+    return hits[0]
+
+
+def compare_strategies(model: onnx.ModelProto, node: str | None, num_threads: int | None = None,
+                       target: str = "host", **options: Any) -> str:
+    """For one anchor node: the loop nest and the hot loop each available strategy builds, and the instruction
+    mix of that hot loop (a microkernel's loop is in its own function; a library's is not Kiln's code)."""
+    from kiln.autostrategy import candidates
+    from kiln.codegen.jit import emit_assembly, optimize
+
+    tgt = resolve(target)
+    threads = num_threads or default_threads()
+    proto = model
+    rows: list[tuple[str, dict[str, int], int]] = []
+    parts: list[str] = []
+    for s in candidates(tgt):
+        # only the chosen node changes strategy; without --node, the whole model does
+        c = lower(proto, tgt, threads, dict(options), strategy="direct" if node else s,
+                  strategies={node: s} if node else None)
+        idx = _kernel_index(c.program, node)
+        k = c.program.kernels[idx]
+        built = ", ".join(f"{n}: {how}" for n, how in k.strategies.items()) or "no anchor in this kernel"
+        asm = emit_assembly(optimize(c.llvm_ir, tgt), tgt)
+        fns = [c.kernel_functions[idx]] + sorted(k.extern_ir)
+        loop = hot_loop(function_asm(asm, fns))
+        counts = mix(loop)
+        where = "in " + ", ".join(k.symbols) + " (library code, not shown)" if k.symbols and not loop else \
+            f"{len(loop)} instructions"
+        parts.append(f"{RULE}\n== strategy {s} (built: {built})\n-- loop nest\n{k}\n-- hot loop: {where}\n"
+                     + "\n".join("    " + i.text for i in loop[:60]) + ("\n    …" if len(loop) > 60 else ""))
+        rows.append((s, counts, len(loop)))
+    head = f"{'strategy':16s}" + "".join(f"{c:>14s}" for c in CLASSES) + f"{'FMA/load':>10s}"
+    lines = [head]
+    for s, counts, _ in rows:
+        loads = counts["vector load"] or 0
+        ratio = f"{counts['vector FMA'] / loads:.2f}" if loads else "–"
+        lines.append(f"{s:16s}" + "".join(f"{counts[c]:14d}" for c in CLASSES) + f"{ratio:>10s}")
+    parts.append(f"{RULE}\n== instruction mix of each hot loop (static, one iteration)\n" + "\n".join(lines))
+    return "\n".join(parts)
 
 
 def explain(model: onnx.ModelProto, node: str | None = None, stages: list[str] | None = None,
@@ -40,12 +87,7 @@ def explain(model: onnx.ModelProto, node: str | None = None, stages: list[str] |
     c = lower(model, tgt, num_threads or default_threads(), dict(options), trace=trace, strategy=strategy,
               strategies=strategies)
     prog = c.program
-    idx = 0
-    if node:
-        hits = [i for i, g in enumerate(prog.groups) if any(n.name == node or n.op == node for n in g.nodes)]
-        if not hits:
-            raise ValueError(f"no kernel contains a node named or typed {node!r}")
-        idx = hits[0]
+    idx = _kernel_index(prog, node)
     k, group = prog.kernels[idx], prog.groups[idx]
     if "kernel" in stages:
         parts.append(f"{RULE}\n== kernels ({len(prog.kernels)}, {len(set(c.kernel_functions))} distinct functions); "

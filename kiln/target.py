@@ -1,8 +1,33 @@
-"""An ISA described as data: what codegen and schedules need to know about a CPU."""
+"""An ISA described as data: what codegen and schedules need to know about a CPU.
+
+Named targets (`resolve(name)`, `resolve("riscv64-rvv:sifive-x280")`, `resolve(name, cpu=...)`):
+
+| name | ISA | vectors | default cpu |
+|---|---|---|---|
+| host, avx512, avx2, sse | this machine (x86-64), narrowed | fixed 512 / 256 / 128 | the host's |
+| aarch64-neon | AArch64 NEON | fixed 128 | neoverse-n1 |
+| aarch64-sve | AArch64 SVE | scalable, min 128 | neoverse-v1 |
+| aarch64-sve2 | AArch64 SVE2 | scalable, min 128 | neoverse-v2 |
+| aarch64-sme | AArch64 SVE2 + SME | scalable, min 128 | neoverse-v2 |
+| riscv64-rvv | RISC-V 64 RVV 1.0 | scalable, min = the cpu's VLEN (128) | generic-rv64 |
+
+`aarch64-sme` is SVE2 code in which GEMM register tiles that fit (kiln/codegen/sme.py: MR 2–16, contiguous
+operands and stores) accumulate in ZA with `fmopa` outer products, in outlined streaming-mode functions.
+
+A scalable target's `vector_bits` is the *minimum* register width: schedules size tiles for it, and the code is
+correct at every larger width (strip-mined loops, kiln/codegen/scalable.py).
+
+`validate_target` checks a target before LLVM sees it: LLVM aborts the whole process (no exception) on an unknown
+RISC-V CPU, `+zvl…b` without `+v`, or scalable vectors without SVE / V, so Kiln checks these rules itself and
+then probes the target in a subprocess (once per target) instead of in this process."""
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+import subprocess
+import sys
+from dataclasses import dataclass, replace
+
+from kiln.errors import TargetError
 
 
 @dataclass(frozen=True)
@@ -26,6 +51,20 @@ class Target:
     @property
     def key(self) -> str:
         return f"{self.triple}|{self.cpu}|{self.features}|{self.vector_bits}"
+
+    @property
+    def arch(self) -> str:
+        """x86_64, aarch64 or riscv64 (the triple's first component)."""
+        return self.triple.split("-", 1)[0]
+
+    @property
+    def vscale_block_bits(self) -> int:
+        """Bits per `vscale` unit in LLVM's scalable types: SVE 128 (vscale = VL/128), RVV 64 (vscale = VLEN/64)."""
+        return 64 if self.arch == "riscv64" else 128
+
+    def scalable_count(self, lanes: int) -> int:
+        """N of `<vscale x N x T>` holding `lanes` elements at the minimum vector width (at least 1)."""
+        return max(1, lanes * self.vscale_block_bits // self.vector_bits)
 
 
 @functools.cache
@@ -58,11 +97,140 @@ def host_with(vector_bits: int) -> Target:
     return Target(f"host-{vector_bits}", h.triple, h.cpu, feats, vector_bits, regs, has_fma=vector_bits > 128)
 
 
-def resolve(target: str | Target) -> Target:
+# -- cross targets ---------------------------------------------------------------------------------------------------
+AARCH64 = "aarch64-unknown-linux-gnu"
+RISCV64 = "riscv64-unknown-linux-gnu"
+RV64GC = "+m,+a,+f,+d,+c"
+
+# CPUs Kiln accepts per architecture, each accepted by llvmlite 0.50's LLVM 22 (checked by tests/test_cross_isa.py
+# in a subprocess). RISC-V: the minimum VLEN each CPU implies (LLVM assumes it: code for sifive-x280 needs VLEN
+# ≥ 512); None = no vector unit of its own (Kiln adds +v).
+KNOWN_CPUS: dict[str, dict[str, int | None]] = {
+    "aarch64": {"generic": None, "cortex-a76": None, "cortex-a78": None, "cortex-x2": None, "neoverse-n1": None,
+                "neoverse-n2": None, "neoverse-v1": None, "neoverse-v2": None, "neoverse-v3": None, "a64fx": None,
+                "apple-m1": None, "apple-m4": None},
+    "riscv64": {"generic-rv64": 128, "sifive-x280": 512, "sifive-p670": 128, "spacemit-x60": 256,
+                "sifive-u74": None},
+    "x86_64": {"x86-64": None, "x86-64-v2": None, "x86-64-v3": None, "x86-64-v4": None, "haswell": None,
+               "skylake-avx512": None, "icelake-server": None, "sapphirerapids": None, "znver3": None,
+               "znver4": None, "znver5": None},
+}
+
+_CROSS: dict[str, Target] = {
+    "aarch64-neon": Target("aarch64-neon", AARCH64, "neoverse-n1", "+neon,+fp-armv8", 128, 32),
+    "aarch64-sve": Target("aarch64-sve", AARCH64, "neoverse-v1", "+neon,+sve", 128, 32, scalable=True),
+    "aarch64-sve2": Target("aarch64-sve2", AARCH64, "neoverse-v2", "+neon,+sve,+sve2", 128, 32, scalable=True),
+    "aarch64-sme": Target("aarch64-sme", AARCH64, "neoverse-v2", "+neon,+sve,+sve2,+sme", 128, 32, scalable=True),
+    "riscv64-rvv": Target("riscv64-rvv", RISCV64, "generic-rv64", RV64GC + ",+v", 128, 32, scalable=True),
+}
+
+
+def with_cpu(t: Target, cpu: str) -> Target:
+    """A cross target on another CPU; for RISC-V the minimum vector width follows the CPU's VLEN."""
+    if t.arch not in KNOWN_CPUS or t.name in ("host", "host-256", "host-128"):
+        raise TargetError(f"--cpu applies to the cross targets ({', '.join(_CROSS)}), not to {t.name!r}")
+    known = KNOWN_CPUS[t.arch]
+    if cpu not in known:
+        raise TargetError(f"unknown {t.arch} CPU {cpu!r}; known: {', '.join(known)}")
+    bits = t.vector_bits
+    if t.arch == "riscv64" and known[cpu]:
+        bits = int(known[cpu])
+    return replace(t, cpu=cpu, vector_bits=bits, name=f"{t.name}:{cpu}")
+
+
+def names() -> list[str]:
+    return ["host", "avx512", "avx2", "sse", *_CROSS]
+
+
+def resolve(target: str | Target, cpu: str | None = None) -> Target:
+    """A Target from a name (`aarch64-sve`, `riscv64-rvv:sifive-x280`, ...), validated; `cpu` overrides its CPU."""
     if isinstance(target, Target):
-        return target
-    named = {"host": host, "avx512": lambda: host_with(512), "avx2": lambda: host_with(256),
-             "sse": lambda: host_with(128)}
-    if target not in named:
-        raise ValueError(f"unknown target {target!r}; known: {', '.join(named)}")
-    return named[target]()
+        t = target
+    else:
+        name, _, cpu_in_name = target.partition(":")
+        cpu = cpu or cpu_in_name or None
+        named = {"host": host, "avx512": lambda: host_with(512), "avx2": lambda: host_with(256),
+                 "sse": lambda: host_with(128)}
+        if name in named:
+            if cpu:
+                raise TargetError(f"target {name!r} is this host; a CPU can only be chosen for a cross target "
+                                  f"({', '.join(_CROSS)})")
+            return named[name]()
+        if name not in _CROSS:
+            raise TargetError(f"unknown target {target!r}; known: {', '.join(names())}")
+        t = _CROSS[name]
+    if cpu and cpu != t.cpu:
+        t = with_cpu(t, cpu)
+    if t.triple != host().triple:
+        validate_target(t)
+    return t
+
+
+def _features(t: Target) -> dict[str, bool]:
+    out: dict[str, bool] = {}
+    for f in filter(None, (x.strip() for x in t.features.split(","))):
+        if f[0] not in "+-":
+            raise TargetError(f"target {t.name}: feature {f!r} must start with + or - (in {t.features!r})")
+        out[f[1:]] = f[0] == "+"
+    return out
+
+
+def validate_target(t: Target) -> None:
+    """Raise TargetError (never let LLVM abort the process) if LLVM cannot generate code for `t`."""
+    arch = t.arch
+    if arch not in KNOWN_CPUS:
+        raise TargetError(f"target {t.name}: unsupported architecture {arch!r} (triple {t.triple}); "
+                          f"Kiln knows {', '.join(KNOWN_CPUS)}")
+    if t.cpu not in KNOWN_CPUS[arch] and not (arch == "x86_64" and t.cpu == host().cpu):
+        raise TargetError(f"target {t.name}: unknown {arch} CPU {t.cpu!r}; known: {', '.join(KNOWN_CPUS[arch])}")
+    feats = _features(t)
+    zvl = [f for f, on in feats.items() if on and f.startswith("zvl")]
+    if arch == "riscv64" and zvl and not (feats.get("v") or any(feats.get(f) for f in feats if f.startswith("zve"))):
+        raise TargetError(f"target {t.name}: {', '.join('+' + z for z in zvl)} needs the vector extension (+v)")
+    if t.scalable:
+        need = {"aarch64": "sve", "riscv64": "v"}.get(arch)
+        if need is None or not feats.get(need):
+            raise TargetError(f"target {t.name}: scalable vectors need {'+' + need if need else 'SVE or RVV'} in "
+                              f"the features ({t.features!r})")
+    if t.vector_bits < 64 or t.vector_bits & (t.vector_bits - 1):
+        raise TargetError(f"target {t.name}: vector_bits must be a power of two ≥ 64, got {t.vector_bits}")
+    problem = _probe(t.triple, t.cpu, t.features, t.scalable)
+    if problem:
+        raise TargetError(f"target {t.name}: LLVM cannot generate code for triple {t.triple}, cpu {t.cpu}, "
+                          f"features {t.features}: {problem}")
+
+
+_PROBE = r"""
+import sys
+import llvmlite.binding as llvm
+llvm.initialize_all_targets(); llvm.initialize_all_asmprinters()
+triple, cpu, feats, scalable = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
+vt = "<vscale x 4 x float>" if scalable else "<4 x float>"
+ir = f'''define void @f(ptr %p) {{
+  %v = load {vt}, ptr %p, align 4
+  %w = fadd {vt} %v, %v
+  store {vt} %w, ptr %p, align 4
+  ret void
+}}'''
+tm = llvm.Target.from_triple(triple).create_target_machine(cpu=cpu, features=feats, opt=2, reloc="pic")
+m = llvm.parse_assembly(ir)
+m.triple = triple
+tm.emit_object(m)
+print("ok")
+"""
+
+
+@functools.cache
+def _probe(triple: str, cpu: str, features: str, scalable: bool) -> str:
+    """'' if LLVM (in a child process: it may abort) emits an object for the target, else what went wrong."""
+    try:
+        r = subprocess.run([sys.executable, "-c", _PROBE, triple, cpu, features, "1" if scalable else "0"],
+                           capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        return "the LLVM probe timed out"
+    err = r.stderr.strip()
+    if r.returncode != 0 or "ok" not in r.stdout:
+        return f"LLVM failed (exit {r.returncode}): {err.splitlines()[-1] if err else 'no message'}"
+    if "not a recognized" in err or "not a recognised" in err:
+        return err.splitlines()[0]
+    return ""

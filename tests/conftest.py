@@ -8,6 +8,7 @@ Float outputs must satisfy max|kiln − ort| ≤ rtol · max(max|ort|, TINY); in
 must be equal. Shapes and dtypes must match exactly."""
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -97,6 +98,8 @@ def run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.nda
 
 def run_kiln(model: onnx.ModelProto, feeds: dict[str, np.ndarray], **compile_kw: Any) -> list[np.ndarray]:
     kw = {"num_threads": 2, "cache": False, **compile_kw}
+    if os.environ.get("KILN_BOUNDS_CHECK", "0") not in ("", "0"):  # `pytest --bounds-check`: the debug build
+        kw.setdefault("bounds_check", True)
     return kiln.compile(model, **kw).run(feeds)
 
 

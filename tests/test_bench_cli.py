@@ -75,12 +75,13 @@ def test_strategy_selection():
 
 def test_ablate_uses_pass_options(monkeypatch, capsys):
     args = _args("--systems", "kiln", "--ablate")
+    strategies = list(KilnSystem().strategies)  # every strategy this host can build (direct first)
     monkeypatch.delattr(kiln, "PASS_OPTIONS", raising=False)
-    assert [c.strategy for c in cli.contestants(args)] == ["direct"]
+    assert [c.strategy for c in cli.contestants(args)] == strategies
     assert "PASS_OPTIONS" in capsys.readouterr().err
     monkeypatch.setattr(kiln, "PASS_OPTIONS", ("fusion", "layout"), raising=False)
     got = [c.strategy for c in cli.contestants(args)]
-    assert got == ["direct", "ablate:-fusion", "ablate:-layout"]
+    assert got == strategies + ["ablate:-fusion", "ablate:-layout"]
 
 
 def test_kiln_system_calls_the_compiler(monkeypatch):

@@ -23,7 +23,8 @@ RTOL = 1e-3  # of the output's largest magnitude: indexing, broadcasting and fus
 
 BUGS_FOUND: dict[str, str] = {
     "reduce_duplicate_axes": "ReduceSum(axes=[1, -1]) summed axis 1 twice (the importer kept both spellings of one "
-                             "axis); onnxruntime reduces it once. Fixed in kiln/frontend/importers/reduce.py (imp_reduce).",
+                             "axis); onnxruntime reduces it once. Fixed in kiln/frontend/importers/reduce.py "
+                             "(imp_reduce).",
     "resize_pytorch_half_pixel_to_1": "Resize cubic, pytorch_half_pixel, to an output length of 1 sampled at -0.5 "
                                       "(as ONNX's reference does) instead of the spec's 0 (onnxruntime). Fixed in "
                                       "kiln/frontend/importers/resize.py (_resize_taps).",

@@ -39,6 +39,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds to pause between two systems' turns, so threads a runtime leaves spinning "
                    "after its run are not charged to the next system")
     p.add_argument("--no-roofline", action="store_true", help="skip measuring peak and bandwidth")
+    p.add_argument("--isa", action="store_true",
+                   help="add the ISA section: instruction counts by class per FLOP under QEMU, 1-D vector vs matrix "
+                   "work, llvm-mca estimates (kiln/isa), per workload x target x Kiln strategy")
+    p.add_argument("--isa-only", action="store_true", help="the ISA section only, no timing (implies --isa)")
+    p.add_argument("--isa-targets", default="aarch64-sve,riscv64-rvv", metavar="T1,T2",
+                   help="cross targets for --isa (the host always gets llvm-mca estimates)")
+    p.add_argument("--isa-strategies", default="direct,ukernel", metavar="S1,S2", help="Kiln strategies for --isa")
+    p.add_argument("--isa-vlen", type=int, metavar="BITS",
+                   help="vector length for the emulated runs (default: the llvm-mca core's: SVE 256, RVV 512)")
     p.add_argument("--list", action="store_true", help="list suites, workloads and systems")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -95,6 +104,10 @@ def workload_names(args: argparse.Namespace) -> list[str]:
     return wl.names(args.suite)
 
 
+def _csv(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
 def _list() -> int:
     from .systems import default_systems
     for suite, names in wl.SUITES.items():
@@ -135,6 +148,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     cfg = ProtocolConfig(threads=args.threads, rounds=args.repeat, prepare_timeout_s=args.timeout,
                          settle_s=args.settle)
+    if args.isa_only:
+        args.no_roofline = True   # nothing is timed: no peak to compare with
     report = RunReport(info=_info(args, names, cfg))
     bar = Progress(len(names), enabled=not args.quiet)
 
@@ -144,10 +159,15 @@ def run(args: argparse.Namespace) -> int:
             write_json(report, args.json)
 
     records = report.records
+    if args.isa or args.isa_only:
+        from kiln.isa.analysis import run_isa
+        report.info["isa"] = run_isa([wl.factories()[n]() for n in names], _csv(args.isa_targets),
+                                     _csv(args.isa_strategies), args.isa_vlen, progress=bar.say)
     try:
-        run_protocol([wl.factories()[n] for n in names], people, cfg,
-                                peak=report.peak_gflops, progress=bar.say, on_workload=done,
-                                sink=records)
+        if not args.isa_only:
+            run_protocol([wl.factories()[n] for n in names], people, cfg,
+                         peak=report.peak_gflops, progress=bar.say, on_workload=done,
+                         sink=records)
     finally:
         bar.close()
     print(to_markdown(report))
@@ -156,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
             write(report, path)
             print(f"wrote {path}", file=sys.stderr)
     wrong = [r for r in records if r["system"] == "kiln" and r.get("status") == "wrong"]
+    wrong += [r for r in report.info.get("isa", {}).get("records", []) if r.get("status") == "wrong"]
     return 1 if wrong else 0
 
 

@@ -162,8 +162,11 @@ def _ablations(groups: dict[str, list[Rec]]) -> str:
 def _strategy_columns(records: list[Rec]) -> tuple[list[str], list[str]]:
     """(columns with records, Kiln strategies still without any)."""
     seen = {(r["system"], r.get("strategy")) for r in records}
-    kiln_cols = [f"kiln:{s}" for s in PLANNED_STRATEGIES if ("kiln", s) in seen]
-    missing = [f"kiln:{s}" for s in PLANNED_STRATEGIES if ("kiln", s) not in seen]
+    kiln_seen = sorted({str(s) for sys_, s in seen if sys_ == "kiln" and not str(s).startswith(ABLATE_PREFIX)},
+                       key=lambda s: (PLANNED_STRATEGIES.index(s.split(":")[0]) if s.split(":")[0] in
+                                      PLANNED_STRATEGIES else 9, s))
+    kiln_cols = [f"kiln:{s}" for s in kiln_seen]
+    missing = [f"kiln:{s}" for s in PLANNED_STRATEGIES if not any(k.split(":")[0] == s for k in kiln_seen)]
     iree = sorted({f"iree:{s}" for sys_, s in seen if sys_ == "iree"})
     return kiln_cols + iree, missing
 
@@ -192,6 +195,14 @@ def _strategies(report: RunReport, groups: dict[str, list[Rec]]) -> str:
     return "".join(parts) + _img(plots.strategy_chart(rows, cols), "strategies") + table
 
 
+def _isa(report: RunReport) -> str:
+    """The ISA section (`kiln bench --isa`), when the run has one."""
+    if not report.info.get("isa"):
+        return ""
+    from kiln.isa.report import to_html
+    return to_html(report.info["isa"])
+
+
 def render_html(report: RunReport) -> str:
     groups = by_workload(report.records)
     title = f"kiln bench — {report.info.get('suite', 'run')} — {report.info.get('date', '')}"
@@ -201,7 +212,7 @@ def render_html(report: RunReport) -> str:
         "process; outputs are checked against a reference before any timing, and a wrong system "
         "is not timed. Timings are interleaved rounds; median and interquartile range.</p>",
         _machine(report), _summary(groups), _roofline(report, groups),
-        _strategies(report, groups), _ablations(groups), _workloads(groups),
+        _strategies(report, groups), _ablations(groups), _workloads(groups), _isa(report),
     ])
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
             f"<style>{CSS}</style></head><body>{body}</body></html>\n")

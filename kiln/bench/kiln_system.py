@@ -1,7 +1,7 @@
 """Kiln as one of the measured systems, with the same interface as the peer adapters.
 
-Strategies: "direct" is the compiler's default (vector code emitted directly). "ukernel" and
-"library" are passed on as `strategy=` once the compiler lists them in `kiln.STRATEGIES`.
+Strategies: "direct" is the compiler's default (vector code emitted directly); "ukernel" and
+"library:<name>" are passed on as `strategy=` (kiln/strategy.py).
 "ablate:-OPT" compiles the default with one option of `kiln.PASS_OPTIONS` switched off
 (`kiln.compile(model, OPT=False)`).
 """
@@ -35,12 +35,14 @@ def pass_options() -> tuple[str, ...] | None:
 
 
 def compiler_strategies() -> tuple[str, ...]:
-    """`kiln.STRATEGIES` once the compiler lists its strategies, ("direct",) until then."""
+    """The strategies Kiln can build on this host (kiln.autostrategy.candidates: direct, ukernel if the ISA has
+    a microkernel, library:<name> per installed library); ("direct",) for a Kiln without strategies."""
     try:
-        import kiln
+        from kiln.autostrategy import candidates
+        from kiln.target import host
     except ImportError:
         return ("direct",)
-    return tuple(getattr(kiln, "STRATEGIES", ("direct",)))
+    return tuple(candidates(host()))
 
 
 def compile_kwargs(strategy: str, threads: int) -> dict[str, Any]:

@@ -188,8 +188,37 @@ def overview_table(records: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def strategy_table(records: list[dict[str, Any]]) -> list[str]:
+    """Kiln's strategies side by side (median ms, ÷ direct, ÷ onnxruntime): the research question at a glance."""
+    strategies: list[str] = []
+    for r in records:
+        s = str(r.get("strategy"))
+        if r["system"] == "kiln" and not s.startswith("ablate:") and s not in strategies:
+            strategies.append(s)
+    if len(strategies) < 2:
+        return []
+    lines = ["| workload | " + " | ".join(f"{s} ms" for s in strategies) + " | onnxruntime ms | "
+             + " | ".join(f"{s} ÷ direct" for s in strategies[1:]) + " | best ÷ onnxruntime |",
+             "|---|" + "---:|" * (2 * len(strategies) + 1)]
+    for workload, recs in by_workload(records).items():
+        ms = {s: next((r["median_ms"] for r in recs if r["system"] == "kiln" and r.get("strategy") == s
+                       and r["ok"] and r["median_ms"]), None) for s in strategies}
+        ort = baseline_ms(recs, "onnxruntime")
+        direct = ms.get("direct")
+        best = min((v for v in ms.values() if v), default=None)
+        lines.append(f"| {workload} | " + " | ".join(_fmt(ms[s], ".4g") for s in strategies)
+                     + f" | {_fmt(ort, '.4g')} | " + " | ".join(_ratio(ms[s], direct) for s in strategies[1:])
+                     + f" | {_ratio(best, ort)} |")
+    return lines
+
+
 def to_markdown(report: RunReport) -> str:
-    lines = _header(report.info) + ["", "## Overview (median ms)", "", *overview_table(report.records)]
+    lines = _header(report.info)
+    if report.records:   # none after `--isa-only`
+        lines += ["", "## Overview (median ms)", "", *overview_table(report.records)]
+    strat = strategy_table(report.records)
+    if strat:
+        lines += ["", "## Kiln's strategies: direct emission vs microkernels vs libraries", "", *strat]
     for workload, recs in by_workload(report.records).items():
         kind = recs[0].get("kind", "")
         flops = recs[0].get("flops")
@@ -198,6 +227,9 @@ def to_markdown(report: RunReport) -> str:
         notes = _notes(recs)
         if notes:
             lines += ["", *notes]
+    if report.info.get("isa"):   # `kiln bench --isa`
+        from kiln.isa.report import to_markdown as isa_markdown
+        lines += ["", *isa_markdown(report.info["isa"])]
     return "\n".join(lines) + "\n"
 
 

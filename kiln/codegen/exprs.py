@@ -205,9 +205,13 @@ class ExprEmitter:
         mw = ir.VectorType(I1, n * c)
         need = [1 if j <= c * (n - 1) else 0 for j in range(n * c)]  # never touch past the last lane's element
         mask: ir.Value = ir.Constant(mw, need)
-        if self.vec.mask is not None:  # a wide lane is live if its narrow lane (j // c) is
+        if self.vec.mask is not None:
+            # wide lane j is live if narrow lane ⌈j/c⌉ is: lane j//c's own element (j % c == 0), or one between
+            # two live lanes — never one past the last live lane, which can be past the buffer's end
+            # (a masked stride-2 tail on the last row; found by the bounds-checked build)
             spread = B.shuffle_vector(self.vec.mask, self.vec.mask,
-                                      ir.Constant(ir.VectorType(I32, n * c), [j // c for j in range(n * c)]))
+                                      ir.Constant(ir.VectorType(I32, n * c),
+                                                  [min(-(-j // c), n - 1) for j in range(n * c)]))
             mask = B.and_(mask, spread)
         fill = ir.Constant(wide, [1] * (n * c)) if isinstance(mt, ir.IntType) else ir.Constant(wide, None)
         p = B.gep(ptr, [self._at_base(flat)], source_etype=mt)
@@ -217,13 +221,11 @@ class ExprEmitter:
         val = B.call(fn, [p, ir.Constant(I32, align), mask, fill])
         return B.shuffle_vector(val, val, ir.Constant(ir.VectorType(I32, n), [j * c for j in range(n)]))
 
-    def guarded_load(self, e: Select) -> tuple[ir.Value, bool] | None:
-        """select(lo ≤ i ≤ hi ∧ …, X[…, clamp(i, lo, hi), …], c) — how padding reads its source — as one
-        masked load of X at the unclamped, affine index, with c in the masked-off lanes.
-
-        Valid because the condition holds exactly where the clamp is the identity (checked syntactically:
-        every clamp's two bounds tests must be conjuncts of the condition)."""
-        if self.vec is None or not isinstance(e.a, Load) or not isinstance(e.b, Const):
+    @staticmethod
+    def unclamped_index(e: Select) -> tuple[Expr, ...] | None:
+        """For select(cond, X[…, clamp(i, lo, hi), …], c) whose cond has every clamp's two bounds tests as
+        conjuncts: X's index with the clamps removed (guarded_load's pattern); otherwise None."""
+        if not isinstance(e.a, Load) or not isinstance(e.b, Const):
             return None
         conj, stack = set(), [e.cond]
         while stack:
@@ -243,7 +245,18 @@ class ExprEmitter:
                 index.append(inner)
             else:
                 index.append(i)
-        ptr, dtype, flat = self.address(e.a.buf, tuple(index))
+        return tuple(index)
+
+    def guarded_load(self, e: Select) -> tuple[ir.Value, bool] | None:
+        """select(lo ≤ i ≤ hi ∧ …, X[…, clamp(i, lo, hi), …], c) — how padding reads its source — as one
+        masked load of X at the unclamped, affine index, with c in the masked-off lanes.
+
+        Valid because the condition holds exactly where the clamp is the identity (checked syntactically:
+        every clamp's two bounds tests must be conjuncts of the condition)."""
+        index = self.unclamped_index(e) if self.vec is not None else None
+        if index is None:
+            return None
+        ptr, dtype, flat = self.address(e.a.buf, index)
         if coef(flat, self.vec.var) != 1 or dtype == "bool":
             return None
         cond, cv = self.ev(e.cond)

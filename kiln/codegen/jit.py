@@ -1,5 +1,7 @@
 """LLVM IR text → optimized object code → callable machine code (MCJIT, object loaded from bytes,
-so a cached or saved object runs without recompiling)."""
+so a cached or saved object runs without recompiling). Objects and assembly for other ISAs (AArch64, RISC-V)
+come from the same functions with the target's triple: every target LLVM was built with is initialized.
+Cross targets must pass `kiln.target.validate_target` first (`resolve` does): LLVM aborts on some bad ones."""
 from __future__ import annotations
 
 import ctypes
@@ -19,6 +21,8 @@ def init_llvm() -> None:
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
     llvm.initialize_native_asmparser()
+    llvm.initialize_all_targets()  # cross targets: AArch64 and RISC-V objects and assembly
+    llvm.initialize_all_asmprinters()
     for lib in (ctypes.util.find_library("m") or "libm.so.6",):
         llvm.load_library_permanently(lib)
 

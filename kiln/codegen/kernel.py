@@ -9,6 +9,9 @@ from llvmlite import ir
 
 from kiln.codegen.bounds import BoundsChecker
 from kiln.codegen.exprs import I32, I64, MEMORY, PTR, SCALAR, ExprEmitter, VectorCtx, elem_bytes
+from kiln.codegen.scalable import ScalableExprEmitter, loop_is_scalable, reduce_is_scalable
+from kiln.codegen.scalable import emit_vector_loop as emit_scalable_loop
+from kiln.codegen.scalable import emit_vector_reduce as emit_scalable_reduce
 from kiln.kernel.analysis import coef, flat_index
 from kiln.kernel.ir import (
     Alloc,
@@ -25,6 +28,7 @@ from kiln.kernel.ir import (
     Store,
     init_value,
 )
+from kiln.target import Target
 
 NTHREADS_GLOBAL = "kiln.nthreads"
 PARALLEL_GLOBAL = "kiln.parallel"
@@ -45,8 +49,10 @@ def declare_runtime(m: ir.Module) -> None:
 
 
 class KernelEmitter:
-    def __init__(self, module: ir.Module, kernel: Kernel, fn_name: str, bounds_check: bool = False):
+    def __init__(self, module: ir.Module, kernel: Kernel, fn_name: str, bounds_check: bool = False,
+                 target: Target | None = None):
         self.m, self.k, self.name = module, kernel, fn_name
+        self.target = target  # a scalable one (SVE, RVV) strip-mines vector loops: codegen/scalable.py
         self.bounds_check = bounds_check  # debug build: every access checked (codegen/bounds.py)
         self.bufs = list(kernel.args) + list(kernel.scratch)
         self.n_par = 0
@@ -70,7 +76,8 @@ class KernelEmitter:
 
     def emitter(self, b: ir.IRBuilder, ptrs: list[ir.Value]) -> ExprEmitter:
         buffers = {buf.name: (p, buf.dtype, buf.shape) for buf, p in zip(self.bufs, ptrs)}
-        em = ExprEmitter(b, self.m, buffers, {})
+        em = (ScalableExprEmitter if self.target is not None and self.target.scalable else ExprEmitter)(
+            b, self.m, buffers, {})
         if self.bounds_check:
             em.bounds = BoundsChecker(b, self.m, em.buffers, {buf.name: i for i, buf in enumerate(self.bufs)})
         return em
@@ -99,7 +106,10 @@ class KernelEmitter:
                     n *= d
                 mem = self.entry_alloca(b, ir.ArrayType(MEMORY[s.dtype], n))
                 mem.align = 64  # microkernels may use aligned vector loads on their packed blocks
-                em.buffers[s.name] = (b.bitcast(mem, PTR), s.dtype, s.shape)
+                # llvmlite types an alloca as a typed pointer (and bitcast to `ptr` is a no-op for it), which
+                # then rejects vector stores through it: the buffer is used as an opaque `ptr`, like arguments
+                mem.type = PTR
+                em.buffers[s.name] = (mem, s.dtype, s.shape)
             elif isinstance(s, Call):
                 self.call(b, em, s)
             elif isinstance(s, If):
@@ -140,6 +150,9 @@ class KernelEmitter:
         val = em.to_memory(val, dtype)
         mt = MEMORY[dtype]
         align = elem_bytes(mt)
+        if isinstance(em, ScalableExprEmitter) and em.strip is not None:
+            em.store_vector(s.buf, s.index, val, is_vec)
+            return
         if not em.vec:
             if em.bounds:
                 em.bounds.scalar_store(val, ptr, em.ev(flat)[0], mt, align)
@@ -199,7 +212,14 @@ class KernelEmitter:
                 self.stmts(b, em, s.body)
             return
         if s.kind == "vector_reduce" and em.vec is None:
+            if isinstance(em, ScalableExprEmitter) and reduce_is_scalable(s):
+                emit_scalable_reduce(self, b, em, s, lo, hi, self.target)
+                return
             self.vector_reduce(b, em, s, lo, hi)
+            return
+        if s.kind == "vector" and em.vec is None and s.lanes > 1 and isinstance(em, ScalableExprEmitter) \
+                and loop_is_scalable(s.body):
+            emit_scalable_loop(self, b, em, s, lo, hi, self.target)
             return
         if s.kind == "vector" and em.vec is None and s.lanes > 1:
             n = s.lanes

@@ -59,8 +59,18 @@ def link_extern_ir(text: str, kernels: list[Kernel]) -> str:
         defs.update(k.extern_ir)
     for name, body in defs.items():
         text = re.sub(rf'^declare [^\n]*@"?{re.escape(name)}"?\([^\n]*\n', "", text, flags=re.M)
-        text += "\n" + body.strip() + "\n"
+        # a definition's own intrinsic declarations (llvm.fma.*) may already be in the module: declare once
+        lines = [ln for ln in body.strip().splitlines()
+                 if not (ln.startswith("declare ") and _declared(text, ln))]
+        text += "\n" + "\n".join(lines) + "\n"
     return text
+
+
+def _declared(text: str, declaration: str) -> bool:
+    """Is the function a `declare ...` line names already declared or defined in `text`?"""
+    m = re.search(r'@"?([\w.$]+)"?\(', declaration)
+    return m is not None and re.search(rf'^(declare|define)\b[^\n]*@"?{re.escape(m.group(1))}"?\(', text,
+                                       flags=re.M) is not None
 
 
 def build_module(prog: Program, plan: MemoryPlan, target: Target,
@@ -77,7 +87,7 @@ def build_module(prog: Program, plan: MemoryPlan, target: Target,
     for k in prog.kernels:
         key = kernel_key(k)
         if key not in fns:
-            fns[key] = KernelEmitter(m, k, k.name, bounds_check).emit()
+            fns[key] = KernelEmitter(m, k, k.name, bounds_check, target=target).emit()
         called.append(fns[key].name)
 
     hook_ty = ir.PointerType(ir.FunctionType(ir.VoidType(), [I32]))  # typed, so llvmlite knows the callee type

@@ -1,9 +1,9 @@
 """ONNX → Graph IR.
 
 Walks the ONNX graph in order; each node goes through the import function registered for its op type in
-`IMPORTERS` (kiln/frontend/importers/, one module per op family). Nodes whose inputs are all constants are evaluated right here
-(shape sub-graphs such as Shape→Gather→Unsqueeze→Concat→Reshape fold away at import, because every shape
-is known). Anything Kiln cannot compile raises at import, never at run time."""
+`IMPORTERS` (kiln/frontend/importers/, one module per op family). Nodes whose inputs are all constants are
+evaluated right here (shape sub-graphs such as Shape→Gather→Unsqueeze→Concat→Reshape fold away at import,
+because every shape is known). Anything Kiln cannot compile raises at import, never at run time."""
 from __future__ import annotations
 
 import os

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 import kiln.kernel.lower_packed  # noqa: F401  (registers the PackedMatMul lowering)
 from kiln.errors import UnsupportedOperator
 from kiln.graph.ir import Graph, Node, Value
@@ -207,6 +209,8 @@ def _flops(g: Group) -> float:
             total += 2.0 * n.outputs[0].type.size * n.inputs[0].shape[-1]
         elif n.op == "Conv":
             total += 2.0 * n.outputs[0].type.size * n.inputs[1].type.size / n.inputs[1].shape[0]
+        elif n.op == "PackedConv":  # Wp[⌈Co/NR⌉, Ci, kh, kw, NR]: Ci·kh·kw multiply-adds per output
+            total += 2.0 * n.outputs[0].type.size * int(np.prod(n.inputs[1].shape[1:-1]))
         elif n.op == "ConvTranspose":
             total += 2.0 * n.inputs[0].type.size * n.inputs[1].type.size / n.inputs[1].shape[0]
     return total

@@ -104,7 +104,9 @@ class Executable:
                         ctypes.cast(hook, ctypes.c_void_p) if hook else None, self._pool)
             violation = list(self._bounds) if self._bounds is not None and self._bounds[0] else None
         if violation:
-            raise self._bounds_error(*violation)
+            err = self._bounds_error(*violation)
+            err.outputs = outs
+            raise err
         return outs
 
     def _bounds_error(self, call: int, position: int, index: int, size: int, count: int) -> BoundsError:

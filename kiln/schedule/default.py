@@ -29,7 +29,7 @@ def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: i
     if strategy not in ("direct", "auto"):  # the anchor built on a microkernel or a library call
         built = schedule_by_strategy(k, c, tag, target, threads, options, strategy)
         if built is not None:
-            k.strategies[c.hints.get("node", c.out)] = strategy
+            k.strategies.setdefault(c.hints.get("node", c.out), strategy)  # plain "library": the schedule names it
             return built
     if "strategy" in c.hints:
         k.strategies[c.hints.get("node", c.out)] = "direct"

@@ -6,7 +6,8 @@ m such that some load in `body` varies with n but not with m (the shared operand
 the input row in an NCHW conv) and some load varies with m but not n (the broadcast operand: A[m, k], the
 weights). Then an MR×NR tile of outputs lives in MR·NR/lanes vector registers for the whole reduction:
 
-    parallel for (others, no, mo):                       # others: remaining output axes
+    parallel for (others, no, mo):                       # others: remaining output axes; (mo, no) when
+                                                         # the reduction is short (see tile_compute)
       for ni in 0..min(NR, N − no·NR) vector<NR> masked: # one NR-wide tile column, masked at the edge
         local $acc[MR] = 0
         for r…:                                          # the reduction, in its own order
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kiln.kernel.analysis import coef
 from kiln.kernel.ir import (
     Assign,
     Bin,
@@ -77,7 +79,20 @@ def choose_tile(k: Kernel, c: Compute, target: Target) -> TileShape | None:
         nr = c.hints["nr"]
         n_axis, m_axis = c.hints.get("n_axis", -1) % len(c.axes), c.hints["m_axis"] % len(c.axes)
         nvec = max(1, nr // lanes)
-        return TileShape(m_axis, n_axis, pick_mr(c.extents[m_axis], (regs - nvec - 2) // nvec), nr, lanes)
+        taps = _taps_along(c, red, c.axes[m_axis])
+        if taps > 1:
+            # row i at tap t reads the pixel row i+1 reads at tap t−1: LLVM keeps the MR+taps−1 broadcasts
+            # live across the unrolled taps, beside MR·nvec accumulators and taps·nvec weight vectors.
+            # Measured (3×3 convs, NR=32): MR=14 spills (1.6× slower than MR=7), MR=8 is 10% slower than 7
+            # (at least 7 rows: fewer leave the FMA latency exposed; the 7×7/2 stem measured flat over MR 5–14)
+            most = max(7, (regs - nvec * taps - taps - 2) // (nvec + 1))
+        elif n_axis != len(c.axes) - 1:
+            # vectors over a conv's channels: 14×2 accumulators spill here (1×1, Ci=1024 on 14×14: 1.28 ms at
+            # MR=14, 1.00 at MR ≤ 12), though not in the GEMM panel tile (gemm_1024 equal at 12 and 14)
+            most = (regs - 2 * nvec - 4) // nvec
+        else:
+            most = (regs - nvec - 2) // nvec
+        return TileShape(m_axis, n_axis, pick_mr(c.extents[m_axis], max(1, most)), nr, lanes)
     n_axis = len(c.axes) - 1
     nv, n_ext = c.axes[n_axis], c.extents[n_axis]
     if n_ext < 4:
@@ -101,6 +116,24 @@ def choose_tile(k: Kernel, c: Compute, target: Target) -> TileShape | None:
         options.append((round(eff, 2), nvec == 2, nr, nvec))
     _, _, nr, nvec = max(options)
     return TileShape(best[0], n_axis, pick_mr(best[1], (regs - nvec - 2) // nvec), nr, lanes)
+
+
+def _taps_along(c: Compute, red: Reduce, m_v: Var) -> int:
+    """Extent of the reduction axes (a conv's kw) that move the broadcast operand's address by no more than a
+    step of m does: their reads overlap those of neighbouring tile rows."""
+    taps = 1
+    for ld in walk(red.body):
+        if not isinstance(ld, Load) or not _depends(ld, m_v):
+            continue
+        flat = ld.index[-1]  # m is the innermost spatial axis: compare strides along the last index
+        cm = coef(flat, m_v)
+        if not cm:
+            continue
+        for v, e in red.axes:
+            cv = coef(flat, v)
+            if cv and 0 < abs(cv) <= abs(cm):
+                taps = max(taps, e)
+    return taps
 
 
 def pick_mr(m: int, most: int) -> int:
@@ -167,13 +200,18 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
         red_body = red.body
     others = [(v, e) for i, (v, e) in enumerate(zip(c.axes, c.extents)) if i not in (t.m_axis, t.n_axis)]
     n_mo, n_no = -(-M // t.mr), -(-N // t.nr)
-    # one parallel loop over (others…, no, mo): mo fastest, so consecutive tiles share the n-panel
-    extents = [e for _, e in others] + [n_no, n_mo]
+    # one parallel loop over (others…, no, mo): mo fastest, so consecutive tiles share the n-panel — unless the
+    # reduction is short (1×1 convs with Ci ≤ 128): then the tile is mostly its stores, and no fastest keeps
+    # the MR rows it writes (and the residual it reads) a few sequential streams instead of M interleaved
+    # ones (resnet50's Ci=64 → 256 convs on 56×56: 1.50 → 1.38 ms, mobilenetv2's 16 → 96 on 112×112: 1.3 → 0.9)
+    red_size = int(np.prod([e for _, e in red.axes]))
+    order = [mo, no] if red_size <= 128 and "nr" not in c.hints else [no, mo]
+    extents = [e for _, e in others] + ([n_no, n_mo] if order[0] is no else [n_mo, n_no])
     total = int(np.prod(extents))
     flat = Var(f"tile{tag}")
     decode: dict[Expr, Expr] = {}
     stride = 1
-    for v, e in reversed(list(zip([v for v, _ in others] + [no, mo], extents))):
+    for v, e in reversed(list(zip([v for v, _ in others] + order, extents))):
         decode[v] = (flat // stride) % e if stride > 1 else flat % e
         stride *= e
     m_expr = mo * t.mr + mi

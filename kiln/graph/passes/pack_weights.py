@@ -59,16 +59,24 @@ def lane_fill(n: int, widths: tuple[int, ...]) -> float:
 
 
 def conv_by_channels(x: tuple[int, ...], y: tuple[int, ...], w: tuple[int, ...], a: dict, lanes: int) -> bool:
-    """Vectorize a conv over output channels when that fills more lanes than along the output row (or the
-    whole plane for 1×1/stride-1/unpadded convs), and the reduction is long enough to pay for the
-    strided (scatter) stores of each finished tile."""
+    """Vectorize a conv over output channels (its output channels fill whole NR-wide panels and the
+    reduction is long enough to pay for the strided (scatter) stores of each finished tile) when that beats
+    vectors along the output row (or the whole plane for 1×1/stride-1/unpadded convs): for strided and k×k
+    convs, for 1×1 convs on small planes with long weight rows, and wherever rows fill lanes badly."""
     if a["group"] != 1 or len(x) != 4 or w[1] * w[2] * w[3] < 64:
         return False
     plane = y[2] * y[3] if w[2:] == (1, 1) and a["strides"] == (1, 1) and not any(a["pads"]) else y[3]
     widths = (lanes, 2 * lanes, 3 * lanes)
-    # measured on resnet18: by channels wins on 7×7 layers (1.12 vs 2.35 ms) and loses on 56×56 and 14×14
-    # ones (1.8 vs 1.2 ms) where the row vectors are ≥ 87% full: switch only when rows fill badly
-    return lane_fill(plane, widths) < 0.85 and lane_fill(w[0], (2 * lanes,)) >= 0.95
+    if lane_fill(w[0], (2 * lanes,)) < 0.95:
+        return False
+    # measured per layer in resnet50 (ms, rows → by channels, with the tile's MR kept below spilling): strided
+    # and k×k convs go by channels (3×3/2 2.77 → 1.25, 3×3 at 14–56 px 1.30 → 1.15, 7×7/2 stem 1.56 → 1.42: the
+    # row vectors need shuffles or pay for padding lanes); 1×1 ones only on small planes with long weight
+    # rows (14×14, Ci=1024: 1.07 → 0.50; the rows' broadcasts, ≥ 2 KiB apart, share L1 sets) — with Ci=256
+    # on 14×14, and on 28×28 and 56×56 planes, rows win (0.51 vs 0.55–0.95)
+    if w[2:] != (1, 1) or a["strides"] != (1, 1) or (plane <= 16 * lanes and w[1] >= 512):
+        return True
+    return lane_fill(plane, widths) < 0.85
 
 
 def pack_weights(g: Graph, target: Target) -> Graph:

@@ -1,0 +1,62 @@
+"""OpenBLAS from the `scipy-openblas32` wheel: its symbols carry a `scipy_` prefix (`scipy_cblas_sgemm`) so that
+it never clashes with another BLAS in the process (numpy bundles scipy-openblas64, whose symbols end in `64_`).
+
+Threads: OpenBLAS' own pthread pool, sized by `scipy_openblas_set_num_threads` (process-wide). Its idle workers
+spin 2^OPENBLAS_THREAD_TIMEOUT cycles before sleeping — by default 2^28 ≈ 73 ms, during which they take the cores
+from Kiln's next loop (an im2col copy, an epilogue) on a 2-core machine: conv_r50_3x3 median 25–28 ms instead of
+10–16 (host under load). Unless the environment says otherwise, `load()` sets 20 (2^20 cycles ≈ 0.3 ms), about
+as long as Kiln's own pool spins (kiln/runtime/threadpool.py SPINS)."""
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+from kiln.kernel.ir import Addr, Call, Const
+
+NAME = "openblas"
+WHEEL = "scipy-openblas32"
+SGEMM = "scipy_cblas_sgemm"
+SYMBOLS = (SGEMM,)
+CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, CBLAS_TRANS = 101, 111, 112
+THREAD_TIMEOUT = 20  # idle workers spin 2^20 cycles, then sleep
+
+_lib: ctypes.CDLL | None = None
+
+
+def load() -> ctypes.CDLL:
+    """dlopen libscipy_openblas once; OSError when the wheel is missing or broken."""
+    global _lib
+    if _lib is None:
+        try:
+            import scipy_openblas32
+        except ImportError as e:
+            raise OSError(f"cannot import scipy_openblas32 ({e})") from e
+        os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", str(THREAD_TIMEOUT))  # read when the library loads
+        lib_dir = Path(scipy_openblas32.get_lib_dir())
+        lib = ctypes.CDLL(str(lib_dir / scipy_openblas32.get_library(True)))
+        lib.scipy_openblas_set_num_threads.argtypes = [ctypes.c_int]
+        lib.scipy_openblas_get_num_threads.restype = ctypes.c_int
+        _lib = lib
+    return _lib
+
+
+def set_threads(n: int) -> None:
+    lib = load()
+    lib.scipy_openblas_set_num_threads(n)
+
+
+def sgemm_call(trans_a: bool, trans_b: bool, m: int, n: int, k: int, a: Addr, lda: int, b: Addr, ldb: int,
+               c: Addr, ldc: int) -> Call:
+    """C[m×n] = op(A) · op(B), row-major: cblas_sgemm(order, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta,
+    C, ldc) with 32-bit ints (the LP64 interface)."""
+    return cblas_sgemm(SGEMM, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc)
+
+
+def cblas_sgemm(fn: str, trans_a: bool, trans_b: bool, m: int, n: int, k: int, a: Addr, lda: int, b: Addr, ldb: int,
+                c: Addr, ldc: int) -> Call:
+    def i32(v: int) -> Const:
+        return Const(int(v), "int32")
+    flag = {False: CBLAS_NO_TRANS, True: CBLAS_TRANS}
+    return Call(fn, (i32(CBLAS_ROW_MAJOR), i32(flag[trans_a]), i32(flag[trans_b]), i32(m), i32(n), i32(k),
+                     Const(1.0, "float32"), a, i32(lda), b, i32(ldb), Const(0.0, "float32"), c, i32(ldc)))

@@ -1,0 +1,264 @@
+"""The `library` strategy: an anchor's whole contraction is one SGEMM call per batch item into a vendor library
+(OpenBLAS, MKL or oneDNN — kiln/library); Kiln emits only what surrounds the call.
+
+The anchor compute is `out[axes] = E(Σ_r A[...]·B[...])` (kiln/kernel/build.py inlines the epilogue E: bias,
+folded BatchNorm, activation, residual add). Its axes are classified by which operand's address they move:
+
+    M axes: move A only      N axes: move B only      K axes: the reduction      batch: both operands, or neither
+
+B is the operand that moves along the output's contiguous axis. For each operand the merged M/N/K index must be
+one strided BLAS dimension (strides from the affine load indices): A as M×K row-major (transA = N, lda = its M
+stride) or K×M (transA = T); B likewise; C must be M×N row-major. An operand whose layout does not fit is first
+copied by a Kiln compute into a contiguous scratch buffer — for a convolution that copy *is* im2col (BLAS has no
+convolution; see below) — and C goes to scratch when the epilogue is not the identity or out does not fit.
+The loop nest / call sequence (conv 3×3, stride s, NCHW, the input already zero-padded into P by the conv's own
+pad compute — the same graph and pad as the direct strategy):
+
+    before (direct):  for co, ho, wo: acc = Σ_{ci,kh,kw} P[ci, ho·s+kh, wo·s+kw] · W[co, ci, kh, kw]
+                                      out[co, ho, wo] = relu(acc + bias[co])
+    after (library):  for ci, kh, kw, ho, wo (parallel, vectorized):  col[ci, kh, kw, ho, wo] = P[ci, ho·s+kh, wo·s+kw]
+                      sgemm(N, N, M=Co, N=Ho·Wo, K=Ci·9, A=W, lda=Ci·9, B=col, ldb=Ho·Wo, C=acc, ldc=Ho·Wo)
+                      for co, ho, wo (parallel, vectorized):          out[co, ho, wo] = relu(acc[co, ho, wo] + bias[co])
+
+A MatMul [.., M, K]×[K, N] needs no copies: `for b: sgemm(A + b·M·K, B, C + b·M·N)` (serial over batch items;
+the library threads each call), and a MatMul without epilogue writes `out` directly. Gemm arrives as MatMul
+(+ Transpose views → trans flags, + alpha/beta/bias → epilogue). A 1×1 stride-1 convolution reads its input as
+B = X[Ci, H·W] in place.
+
+Falls back to the direct loop nest (returns None; `Kernel.strategies` records "direct" and the reason is
+logged on the `kiln.library` logger) when: the reduction is not a sum of products of two float32 loads; an
+index is not affine with constant non-negative strides (a grouped convolution's channel index `co // cog`);
+or the product is a batch of matrix-vector products (a depthwise convolution: one call per channel with
+M = 1 costs more than the direct loop).
+
+Why no convolution primitive: of the three libraries only oneDNN has one, and the `onednn` wheel's primitives
+need a SYCL CPU engine that this wheel's runtime cannot create (kiln/library/onednn.py). Costs compared with
+direct emission: the epilogue is a separate pass over the output (the direct strategy applies it in registers),
+and a convolution with a window pays the im2col copy (K·Ho·Wo floats written and read once more)."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from kiln.kernel.analysis import coef, flat_index
+from kiln.kernel.ir import (
+    Addr,
+    Bin,
+    Buffer,
+    Compute,
+    Const,
+    Expr,
+    Kernel,
+    Load,
+    Loop,
+    Reduce,
+    Stmt,
+    Var,
+    substitute,
+    uses_var,
+    walk,
+)
+from kiln.library import library_of, require
+from kiln.target import Target
+
+log = logging.getLogger("kiln.library")
+Axis = tuple[Var, int]
+ZERO = Const(0, "int64")
+
+
+@dataclass
+class Operand:
+    """One matrix of the product as the call sees it: a buffer, the index of its element at M=N=K=0 (batch
+    axes still free) and, per axis, the stride of its flat index."""
+    buf: str
+    index: tuple[Expr, ...]
+    strides: dict[Var, int]
+    expr: Expr | None = None  # a computed factor (e.g. a zero-padded window): copied to scratch first; strides
+    #                           then only say which axes it depends on (1) or not (0)
+
+
+@dataclass
+class Gemm:
+    """out = E(A·B) over batch × M × N with reduction K, each axis group in the compute's axis order."""
+    batch: list[Axis]
+    m: list[Axis]
+    n: list[Axis]
+    k: list[Axis]
+    a: Operand
+    b: Operand
+    c: Operand | None      # where the raw product can go straight into `out` (identity epilogue), else None
+    reduce: Reduce
+
+
+class NotApplicable(Exception):
+    """This compute is not a product a library call can build: why (it is then emitted directly)."""
+
+
+def _size(axes: list[Axis]) -> int:
+    return int(np.prod([n for _, n in axes], dtype=np.int64))
+
+
+def _strides(k: Kernel, buf: str, index: tuple[Expr, ...], axes: list[Axis]) -> dict[Var, int]:
+    """Per axis, the constant non-negative stride of buf[index] along it."""
+    if any(isinstance(x, Load) for i in index for x in walk(i)):
+        raise NotApplicable(f"{buf} is indexed through another buffer (a gather)")
+    flat = flat_index(index, k.buffer(buf).shape)
+    out = {}
+    for v, _ in axes:
+        s = coef(flat, v)
+        if s is None or s < 0:
+            raise NotApplicable(f"the index of {buf} is not affine with a constant non-negative stride along "
+                                f"{v.name} ({flat!r}; e.g. a grouped convolution)")
+        out[v] = s
+    return out
+
+
+def _group_stride(axes: list[Axis], strides: dict[Var, int]) -> int | None:
+    """The stride of the merged (row-major, last fastest) index of `axes`, or None when they do not merge."""
+    s = strides[axes[-1][0]]
+    span = 1
+    for v, n in reversed(axes):
+        if strides[v] != s * span:
+            return None
+        span *= n
+    return s if s >= 1 else None
+
+
+def as_matrix(rows: list[Axis], cols: list[Axis], strides: dict[Var, int]) -> tuple[bool, int] | None:
+    """How BLAS sees an operand whose rows/columns are the merged axis groups: (transposed, leading dimension),
+    or None when no strided matrix describes it."""
+    nr, nc = _size(rows), _size(cols)
+    sr = _group_stride(rows, strides) if rows else None
+    sc = _group_stride(cols, strides) if cols else None
+    if (not cols or sc == 1) and (not rows or (sr is not None and sr >= nc)):
+        return False, sr if rows else max(nc, 1)          # row-major rows × cols
+    if (not rows or sr == 1) and (not cols or (sc is not None and sc >= nr)):
+        return True, sc if cols else max(nr, 1)           # stored transposed: cols × rows
+    return None
+
+
+def match_gemm(k: Kernel, c: Compute) -> Gemm:
+    """Classify the compute's axes as batch/M/N/K and its loads as A/B; NotApplicable when it is no GEMM."""
+    reds = [e for e in walk(c.body) if isinstance(e, Reduce)]
+    if len(reds) != 1 or reds[0].op != "sum":
+        raise NotApplicable("the reduction is not one sum")
+    r = reds[0]
+    prod = r.body
+    if not (isinstance(prod, Bin) and prod.op == "*"):
+        raise NotApplicable(f"the summand is not a product ({prod!r})")
+    if any(e.dtype != "float32" for e in (prod.a, prod.b)) or k.buffer(c.out).dtype != "float32":
+        raise NotApplicable("SGEMM needs float32 operands and result")
+    unit = {v: ZERO for v, n in list(zip(c.axes, c.extents)) + list(r.axes) if n == 1}
+    out_axes = [(v, n) for v, n in zip(c.axes, c.extents) if n > 1]
+    red_axes = [(v, n) for v, n in r.axes if n > 1]
+    every = out_axes + red_axes
+
+    def operand(buf: str, index: tuple[Expr, ...]) -> Operand:
+        index = tuple(substitute(i, unit) for i in index)
+        return Operand(buf, index, _strides(k, buf, index, every))
+
+    def factor(e: Expr) -> Operand:
+        if isinstance(e, Load):
+            return operand(e.buf, e.index)
+        if any(isinstance(x, Reduce) for x in walk(e)):
+            raise NotApplicable(f"a factor of the product is itself a reduction ({e!r})")
+        e = substitute(e, unit)
+        return Operand("", (), {v: int(uses_var(e, v)) for v, _ in every}, e)
+    x, y = factor(prod.a), factor(prod.b)
+    store = operand(c.out, c.store_index)
+    if any(store.strides[v] for v, _ in red_axes):
+        raise NotApplicable("the output index uses a reduction axis")
+    inner = [v for v, _ in out_axes if store.strides[v] == 1]
+    a, b = (x, y) if not inner or y.strides[inner[0]] or not x.strides[inner[0]] else (y, x)
+    m = [(v, n) for v, n in out_axes if a.strides[v] and not b.strides[v]]
+    n_ = [(v, n) for v, n in out_axes if b.strides[v] and not a.strides[v]]
+    batch = [ax for ax in out_axes if ax not in m and ax not in n_]
+    if _size(batch) > 1 and (not m or not n_):
+        raise NotApplicable(f"a batch of {_size(batch)} matrix-vector products (e.g. a depthwise convolution): "
+                            "one library call per item costs more than the direct loop")
+    fit = as_matrix(m, n_, store.strides)
+    direct_c = c.body == r and fit is not None and not fit[0]
+    return Gemm(batch, m, n_, red_axes, a, b, store if direct_c else None, r)
+
+
+def _copy(k: Kernel, op: Operand, deps: list[Axis], rows: list[Axis], cols: list[Axis], name: str,
+          pre: list[Compute]) -> Operand:
+    """Materialize an operand into a contiguous scratch buffer [deps..., rows..., cols...] (im2col for a
+    convolution's input): a Kiln compute the caller schedules before the call."""
+    axes = deps + rows + cols
+    buf = Buffer(name, "float32", tuple(n for _, n in axes))
+    k.scratch.append(buf)
+    vs = tuple(v for v, _ in axes)
+    pre.append(Compute(name, vs, buf.shape, op.expr if op.expr is not None else Load(op.buf, op.index, "float32")))
+    strides, span = {}, 1
+    for v, n in reversed(axes):
+        strides[v] = span
+        span *= n
+    return Operand(name, vs, strides)
+
+
+def _at_origin(op: Operand, zero: list[Axis]) -> Addr:
+    """Pointer to the operand's element at M = N = K = 0 (batch axes are the enclosing loops' variables)."""
+    z = {v: ZERO for v, _ in zero}
+    return Addr(op.buf, tuple(substitute(i, z) for i in op.index))
+
+
+def schedule_library(k: Kernel, c: Compute, tag: str, target: Target, threads: int, options: dict[str, bool],
+                     strategy: str) -> list[Stmt] | None:
+    """The call sequence of the anchor `c` on the library `strategy` names, or None (→ direct) where no
+    library call builds it. Raises kiln.library.LibraryUnavailable when that library is not installed."""
+    from kiln.schedule.default import schedule_compute
+
+    name = library_of(strategy)
+    lib = require(name)
+    node = c.hints.get("node", c.out)
+    try:
+        g = match_gemm(k, c)
+    except NotApplicable as e:
+        log.info("node %s: library:%s does not apply, emitted directly: %s", node, name, e)
+        return None
+
+    pre: list[Compute] = []
+    a, b = g.a, g.b
+    fa = as_matrix(g.m, g.k, a.strides) if a.expr is None else None
+    if fa is None:
+        a = _copy(k, a, [ax for ax in g.batch if a.strides[ax[0]]], g.m, g.k, f"{c.out}_a{tag}", pre)
+        fa = as_matrix(g.m, g.k, a.strides)
+    fb = as_matrix(g.k, g.n, b.strides) if b.expr is None else None
+    if fb is None:
+        b = _copy(k, b, [ax for ax in g.batch if b.strides[ax[0]]], g.k, g.n, f"{c.out}_b{tag}", pre)
+        fb = as_matrix(g.k, g.n, b.strides)
+    post: list[Compute] = []
+    out = g.c
+    if out is None:  # the raw product into scratch, then the epilogue as its own elementwise pass
+        axes = g.batch + g.m + g.n
+        acc = Buffer(f"{c.out}_c{tag}", "float32", tuple(n for _, n in axes))
+        k.scratch.append(acc)
+        index = tuple(v for v, _ in axes)
+        out = Operand(acc.name, index, {})
+        post.append(Compute(c.out, c.axes, c.extents, substitute(c.body, {g.reduce: Load(acc.name, index)}),
+                            c.store))
+        ldc = max(_size(g.n), 1)
+    else:
+        ldc = as_matrix(g.m, g.n, out.strides)[1]
+    assert fa is not None and fb is not None, "a contiguous copy always fits"
+    call = lib.sgemm_call(fa[0], fb[0], _size(g.m), _size(g.n), _size(g.k),
+                          _at_origin(a, g.m + g.k), fa[1], _at_origin(b, g.k + g.n), fb[1],
+                          _at_origin(out, g.m + g.n), ldc)
+    if call.fn not in k.symbols:
+        k.symbols.append(call.fn)
+    nest: list[Stmt] = [call]
+    for v, n in reversed(g.batch):  # serial: the library threads each call
+        nest = [Loop(v, Const(n, "int64"), nest)]
+    k.strategies[node] = f"library:{name}"
+    body: list[Stmt] = []
+    for i, p in enumerate(pre):
+        body += schedule_compute(k, p, f"{tag}l{i}", target, threads, options)
+    body += nest
+    for i, p in enumerate(post):
+        body += schedule_compute(k, p, f"{tag}e{i}", target, threads, options)
+    log.debug("node %s: library:%s, %d call(s) of sgemm M=%d N=%d K=%d, %d copy-in, epilogue %s", node, name,
+              _size(g.batch), _size(g.m), _size(g.n), _size(g.k), len(pre), "separate" if post else "none")
+    return body

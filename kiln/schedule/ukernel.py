@@ -1,0 +1,335 @@
+"""The `ukernel` strategy: the compiler packs, tiles and parallelizes; the MR×NR tile is a hand-written
+microkernel (kiln/ukernels: `kiln_ukr_<isa>_f32_<MR>x<NR>(A, B, C, ldc, K, accumulate)`).
+
+Applies to packed anchors (hints nr / n_axis / m_axis from kiln/kernel/lower_packed.py, NR equal to the
+kernel's NR): PackedMatMul out[.., m, n] = Σ_k A[.., m, k] · Bp[n // NR, k, n % NR] and PackedConv
+out[b, co, oh, ow] = Σ_{ci,kh,kw} X[b, ci, oh·s + kh, ow·s + kw] · Wp[co // NR, ci, kh, kw, co % NR], with
+`epilogue(·)` (bias, folded BN, ReLU, residual add) around the sum. In general terms: one reduction over axes
+r (K = Π extents, in the order of the weight panel), an n axis whose operand is a weight panel, an m axis, and
+any other output axes (batch; conv output rows). The A operand — whatever expression multiplies the panel
+(a plain load, an implicit im2col of the conv input, a fused prologue) — is packed by evaluating it.
+
+Loop nest (TVM-style; mt = row tile, blk = block of MB row tiles, j = panel, kc = K block):
+
+    before:  for others, m, n:  out[others, m, n] = epilogue(Σ_r A(others, m, r) · Bp[n // NR, r, n % NR])
+    after:
+    parallel for (o, mt) in others × ⌈M/MR⌉:                  # 1. pack every row tile once; rows past M repeat M−1
+      call kiln_pack_<isa>_f32_<MR>(&A[o, mt·MR, 0], lda, rows, K, &Ap[o, mt, 0, 0])   # plain row-major A
+      — or, for any other A (a conv's implicit im2col), compiler-generated:
+      for r…: for mi in 0..MR vector: Ap[o, mt, k(r), mi] = A(o, m = mt·MR + mi, r)
+                                                              #    Ap: kernel scratch (arena), 64-byte aligned
+    parallel for (blk, j) in ⌈T/MB⌉ × ⌈N/NR⌉:                # 2. j fastest: a chunk keeps its A block in L2;
+      alloc Ct[MR, NR]                                        #    T = others·⌈M/MR⌉ row tiles, numbered (o, mt)
+      for t in blk·MB ..< min((blk+1)·MB, T):                 #    the panel (K×NR) serves the block's MB tiles
+        (o, mt) = (t // ⌈M/MR⌉, t % ⌈M/MR⌉)                   #    (A block + panel ≤ ¾ L2)
+        for kc in 0..⌈K/KC⌉:                                  #    one call unless K·(MR+NR)·4 > L2/2
+          call ukr(&Ap[o, mt, kc·KC, 0], &Bp[j, kc·KC, 0], &Ct, NR, min(KC, K − kc·KC), kc > 0)
+        for ni in 0..min(NR, N − j·NR) vector<NR> masked:     # 3. the epilogue on the hot tile
+          for mi in 0..MR unroll:
+            if m < M: out[o, m, n] = epilogue(Ct[mi, ni])     #    (m = mt·MR + mi, n = j·NR + ni)
+
+When the output is contiguous along m instead of n (an NCHW conv: rows are pixels, columns channels) step 3
+first transposes Ct into CtT[NR, MR] with the family's packing kernel (registers), then runs
+`for ni: for mi vector<MR> masked to M: out[..] = epilogue(CtT[ni, mi])` — contiguous loads and stores. When the
+last panel holds at most one vector of valid columns, it runs the narrow edge kernel (kiln/ukernels).
+
+Why two parallel loops: the pool hands out ≈ 4 chunks per thread; one loop over A blocks (a handful for
+gemm_1024) splits unevenly over 2 threads (measured 3–8% idle), while (blk, j) gives hundreds of equal
+iterations and A is still packed only once. Edges: M edges clamp the packed rows and guard (or mask) the
+stores, N edges mask the epilogue's lanes (the panels are zero-padded to NR, so the kernel always computes a
+full tile); nothing else is padded. MR is the family's main MR, or a narrower kernel of the same family when
+M is small (M = 1 for GEMV-like layers, 7 for 7×7 conv rows), chosen like the direct tile's rows (pick_mr).
+
+Epilogue placement vs direct emission (kiln/schedule/tile.py, where the epilogue runs on the accumulators
+still in registers): here the kernel stores MR·NR/W vectors to Ct and the epilogue reloads them from L1 — one
+extra store + load per accumulator per tile, plus (NCHW conv) the transpose. Measured (1 thread, CPU time,
+interleaved, ukernel vs the same nest with step 3 removed, before the transpose): gemm_1024 1.3%,
+conv_r50_3x3 1.7%, resnet18 ≈ 8% (its 112×112 and 56×56 layers have K = 147 / 576, so few FMAs per stored
+tile); the in-register transpose then took resnet18 from 89.4 to 94.8 GFLOP/s (direct: 100.7).
+`benchmarks/ukernel_vs_direct.py` compares whole models.
+
+Returns None — the compute is then emitted directly, and Kernel.strategies says "direct" — for: anchors that
+are not packed (a MatMul whose B is not a constant has no panels; grouped / depthwise convs), reductions that
+are not an f32 sum of (A expression) × (weight panel) (int dtypes), and targets without a microkernel family
+(only x86 AVX-512 / AVX2 so far)."""
+from __future__ import annotations
+
+import numpy as np
+
+from kiln.kernel.analysis import coef, flat_index
+from kiln.kernel.ir import (
+    Addr,
+    Alloc,
+    Bin,
+    Buffer,
+    Call,
+    Compute,
+    Const,
+    Expr,
+    If,
+    Kernel,
+    Load,
+    Loop,
+    Reduce,
+    Select,
+    Stmt,
+    Store,
+    Var,
+    cmp,
+    minimum,
+    substitute,
+    walk,
+)
+from kiln.schedule.primitives import rename
+from kiln.schedule.tile import pick_mr, simplify_panels
+from kiln.target import Target
+from kiln.ukernels import UKernel, narrow_cols, pack_kernel_for, ukernel_for
+
+
+def _i(v: int) -> Const:
+    return Const(int(v), "int64")
+
+
+def _depends(e: Expr, v: Var) -> bool:
+    return any(x == v for x in walk(e))
+
+
+def _eval_index(e: Expr, env: dict[str, int]) -> int | None:
+    """Evaluate an integer index expression (Const/Var/+ − * // % min max); None if it has anything else."""
+    if isinstance(e, Const):
+        return int(e.value)
+    if isinstance(e, Var):
+        return env.get(e.name)
+    if isinstance(e, Bin):
+        a, b = _eval_index(e.a, env), _eval_index(e.b, env)
+        if a is None or b is None:
+            return None
+        ops = {"+": lambda: a + b, "-": lambda: a - b, "*": lambda: a * b, "//": lambda: a // b,
+               "%": lambda: a % b, "min": lambda: min(a, b), "max": lambda: max(a, b)}
+        return ops[e.op]() if e.op in ops else None
+    return None
+
+
+def _panel_operand(red: Reduce, n_v: Var, nr: int, shape_of) -> tuple[Load, Expr] | None:  # noqa: ANN001
+    """Split the reduction body into (B panel load, A expression): body = A · Bp with Bp's flat index equal to
+    (n // NR)·K·NR + k(r)·NR + n % NR, k(r) the row-major position of r over the reduction axes."""
+    body = red.body
+    if not (isinstance(body, Bin) and body.op == "*"):
+        return None
+    for b, a in ((body.b, body.a), (body.a, body.b)):
+        if isinstance(b, Load) and _depends(b, n_v) and not _depends(a, n_v):
+            break
+    else:
+        return None
+    shape = shape_of(b.buf)
+    ks = [n for _, n in red.axes]
+    K = int(np.prod(ks))
+    if b.dtype != "float32" or shape[-1] != nr or int(np.prod(shape)) % (K * nr):
+        return None
+    j, ni = Var("_panel"), Var("_lane")
+    flat = simplify_panels(substitute(flat_index(b.index, shape), {n_v: j * nr + ni}), ni, nr)
+    if coef(flat, ni) != 1:
+        return None
+    rng = np.random.default_rng(0)
+    for _ in range(6):  # the layout check: a few random points (all index arithmetic here is affine)
+        env = {j.name: int(rng.integers(0, max(1, int(np.prod(shape)) // (K * nr)))), ni.name: int(rng.integers(nr))}
+        kflat = 0
+        for (v, n) in red.axes:
+            env[v.name] = int(rng.integers(n))
+            kflat = kflat * n + env[v.name]
+        if _eval_index(flat, env) != (env[j.name] * K + kflat) * nr + env[ni.name]:
+            return None
+    return b, a
+
+
+def _max_stride(k: Kernel, e: Expr, v: Var) -> int | None:
+    """The largest |stride| along v of the loads in e (None if some load is not affine in v)."""
+    out = 0
+    for ld in walk(e):
+        if isinstance(ld, Load):
+            c = coef(flat_index(ld.index, k.buffer(ld.buf).shape), v)
+            if c is None:
+                return None
+            out = max(out, abs(c))
+    return out
+
+
+def _pack_call(k: Kernel, target: Target, a_expr: Expr, red: Reduce, m_v: Var, MR: int, M: int, K: int,
+               row0: Expr, dst: Addr) -> list[Stmt] | None:
+    """A row tile packed by the family's packing kernel (an in-register transpose) when A is a plain row-major
+    matrix: one load with unit stride along the (single) reduction axis and a constant row stride."""
+    if not isinstance(a_expr, Load) or a_expr.dtype != "float32" or len(red.axes) != 1:
+        return None
+    pk = pack_kernel_for(target, MR)
+    r = red.axes[0][0]
+    flat = flat_index(a_expr.index, k.buffer(a_expr.buf).shape)
+    lda = coef(flat, m_v)
+    if pk is None or coef(flat, r) != 1 or lda is None or lda < 1:
+        return None
+    k.extern_ir[pk.name] = pk.ir_text
+    rows: Expr = minimum(_i(MR), _i(M) - row0) if M % MR else _i(MR)
+    src = Addr(a_expr.buf, tuple(substitute(i, {m_v: row0, r: _i(0)}) for i in a_expr.index))
+    return [Call(pk.name, (src, _i(lda), rows, _i(K), dst))]
+
+
+def choose_blocks(n_tiles: int, K: int, mr: int, nr: int, target: Target) -> tuple[int, int]:
+    """(MB row tiles per A block, KC). The A block (MB·K·MR floats) and one B panel (K·NR floats) fit ¾ of L2,
+    so a panel read once from L3 serves MB tiles. K is cut into KC blocks (the kernel's accumulate flag) only
+    when one tile's A and B slices, K·(MR+NR)·4 bytes, would not fit half of L2."""
+    mb = max(1, min(n_tiles, (target.l2_bytes * 3 // 4 - K * nr * 4) // (K * mr * 4)))
+    kc = K
+    if K * (mr + nr) * 4 > target.l2_bytes // 2:
+        kc = max(64, target.l2_bytes // 2 // ((mr + nr) * 4) // 64 * 64)
+    return mb, kc
+
+
+def schedule_ukernel(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
+                     options: dict[str, bool]) -> list[Stmt] | None:
+    """The loop nest of a packed anchor around the target's microkernel, or None where it does not apply."""
+    main = ukernel_for(target)
+    if main is None or c.hints.get("nr") != main.nr or "m_axis" not in c.hints:
+        return None
+    reds = [e for e in walk(c.body) if isinstance(e, Reduce)]
+    if len(reds) != 1 or reds[0].op != "sum" or reds[0].dtype != "float32" or k.buffer(c.out).dtype != "float32":
+        return None
+    red = reds[0]
+    nax = len(c.axes)
+    m_axis, n_axis = c.hints["m_axis"] % nax, c.hints.get("n_axis", -1) % nax
+    if m_axis == n_axis:
+        return None
+    n_v, M = c.axes[n_axis], c.extents[m_axis]
+    split = _panel_operand(red, n_v, main.nr, lambda name: k.buffer(name).shape)
+    if split is None:
+        return None
+    bload, a_expr = split
+    K = int(np.prod([n for _, n in red.axes]))
+    uk = ukernel_for(target, pick_mr(M, main.mr))
+    assert uk is not None
+    k.extern_ir[uk.name] = uk.ir_text
+    # a last panel with at most one vector of valid columns runs the narrow edge kernel (half the FMAs)
+    w, rem = narrow_cols(target), c.extents[n_axis] % main.nr
+    narrow = ukernel_for(target, uk.mr, w) if w and w < main.nr and 0 < rem <= w else None
+    if narrow is not None:
+        k.extern_ir[narrow.name] = narrow.ir_text
+    return _nest(k, c, tag, target, threads if options.get("parallel", True) else 1, uk, narrow, red, bload,
+                 a_expr, (m_axis, n_axis), K)
+
+
+def _nest(k: Kernel, c: Compute, tag: str, target: Target, threads: int, uk: UKernel, narrow: UKernel | None,
+          red: Reduce, bload: Load, a_expr: Expr, mn: tuple[int, int], K: int) -> list[Stmt]:
+    m_axis, n_axis = mn
+    m_v, n_v = c.axes[m_axis], c.axes[n_axis]
+    M, N = c.extents[m_axis], c.extents[n_axis]
+    MR, NR = uk.mr, uk.nr
+    others = [(v, e) for i, (v, e) in enumerate(zip(c.axes, c.extents)) if i not in mn]
+    n_tiles, n_panels = -(-M // MR), -(-N // NR)
+    n_others = int(np.prod([e for _, e in others])) if others else 1
+    all_tiles = n_others * n_tiles
+    MB, KC = choose_blocks(all_tiles, K, MR, NR, target)
+    n_blocks = -(-all_tiles // MB)
+    o = Var(f"uother{tag}")  # the other output axes, flattened
+    mt, j, ni, mi = (Var(f"{x}{tag}") for x in ("utile", "upanel", "ulane", "urow"))
+    ap, ct = f"Ap{tag}", f"Ct{tag}"
+    k.scratch.append(Buffer(ap, "float32", (n_others, n_tiles, K, MR)))
+    kind = "parallel" if threads > 1 else "serial"
+
+    def decode_others(flat: Expr) -> dict[Expr, Expr]:
+        out: dict[Expr, Expr] = {}
+        stride = 1
+        for v, e in reversed(others):
+            out[v] = (flat // stride) % e if stride > 1 else flat % e
+            stride *= e
+        return out
+
+    # 1. pack every row tile once: Ap[o, mt, k(r), mi] = A(m = mt·MR + mi, r); full row tiles read unclamped
+    #    (contiguous loads along mi for conv rows), the last partial one repeats row M−1 for its missing rows
+    kflat: Expr = _i(0)
+    for v, n in red.axes:
+        kflat = kflat * n + v if not (isinstance(kflat, Const) and kflat.value == 0) else v
+    lanes = min(target.lanes(32), 1 << (MR - 1).bit_length())
+    row0 = mt * MR
+    r_last, r_len = red.axes[-1]
+    by_rows = _max_stride(k, substitute(a_expr, {m_v: row0 + mi}), mi) in (1, 2, 3, 4) or r_len < 8 or \
+        _max_stride(k, a_expr, r_last) != 1
+
+    def pack_rows(clamp: bool) -> list[Stmt]:
+        """The compiler-generated pack, for an A that is not a plain matrix (a conv's implicit im2col). by_rows:
+        vectors along the tile's rows (conv rows: contiguous input pixels); else each row's contiguous k run
+        is one vector load, stored with stride MR (rows K floats apart: gathering across them would thrash
+        one L1 set when K·4 is a multiple of 4 KiB)."""
+        m_at = minimum(row0 + mi, _i(M - 1)) if clamp else row0 + mi
+        st: Stmt = Store(ap, (o, mt, kflat, mi), substitute(a_expr, {m_v: m_at}))
+        if by_rows:
+            st = Loop(mi, _i(MR), [st], "vector", lanes, masked=True)
+        for v, n in reversed(red.axes):
+            st = Loop(v, _i(n), [st], *(("vector", target.lanes(32), True) if v == r_last and not by_rows else ()))
+        return [st] if by_rows else [Loop(mi, _i(MR), [st])]
+
+    pack_body = _pack_call(k, target, a_expr, red, m_v, MR, M, K, row0, Addr(ap, (o, mt, _i(0), _i(0))))
+    if pack_body is None:
+        pack_body = pack_rows(False) if M % MR == 0 else \
+            [If(cmp("<=", row0 + MR, _i(M)), pack_rows(False), pack_rows(True))]
+    pf = Var(f"upack{tag}")
+    pack = Loop(pf, _i(n_others * n_tiles), rename(pack_body, {o: pf // n_tiles, mt: pf % n_tiles,
+                                                               **decode_others(pf // n_tiles)}),
+                kind if n_others * n_tiles > 1 else "serial")
+
+    # 2. the microkernel calls, one per K block (accumulating after the first); B panel j starts at element
+    #    j·K·NR (the layout _panel_operand checked), K block kc at + kc·KC·NR
+    a_at = (o * n_tiles + mt) * (K * MR)
+    n_kc = -(-K // KC)
+    kc = Var(f"ukc{tag}")
+
+    def calls_of(fn: str) -> list[Stmt]:
+        if n_kc == 1:
+            return [Call(fn, (Addr(ap, (a_at,)), Addr(bload.buf, (j * (K * NR),)), Addr(ct, (_i(0),)), _i(NR),
+                              _i(K), Const(0, "int32")))]
+        kext: Expr = minimum(_i(KC), _i(K) - kc * KC) if K % KC else _i(KC)
+        flag = Select(cmp(">", kc, _i(0)), Const(1, "int32"), Const(0, "int32"))
+        return [Loop(kc, _i(n_kc), [Call(fn, (
+            Addr(ap, (a_at + kc * (KC * MR),)), Addr(bload.buf, (j * (K * NR) + kc * (KC * NR),)),
+            Addr(ct, (_i(0),)), _i(NR), kext, flag))])]
+    calls = calls_of(uk.name)
+    if narrow is not None:  # the last panel, ≤ one vector of valid columns: the narrow edge kernel
+        calls = [If(cmp("==", j, _i(n_panels - 1)), calls_of(narrow.name), calls)]
+
+    # 3. the epilogue on the hot tile
+    m_expr, n_expr = row0 + mi, j * NR + ni
+    value = substitute(c.body, {red: Load(ct, (mi, ni), "float32"), m_v: m_expr, n_v: n_expr})
+    out_idx = tuple(substitute(i, {m_v: m_expr, n_v: n_expr}) for i in c.store_index)
+    store: Stmt = Store(c.out, out_idx, value)
+    n_ext: Expr = minimum(_i(NR), _i(N) - j * NR) if N % NR else _i(NR)
+    out_flat = flat_index(out_idx, k.buffer(c.out).shape)
+    transposed: list[Stmt] = []
+    allocs: list[Stmt] = [Alloc(ct, "float32", (MR, NR))]
+    if coef(out_flat, mi) == 1 and coef(out_flat, ni) != 1:
+        # the output is contiguous along the tile's rows (NCHW conv: rows = pixels, columns = channels): the
+        # family's packing kernel transposes Ct into CtT[NR, MR] in registers, then one vector per column is
+        # read contiguously and stored contiguously; rows past M masked off
+        m_ext: Expr = minimum(_i(MR), _i(M) - row0) if M % MR else _i(MR)
+        pk = pack_kernel_for(target, MR)
+        if pk is not None:
+            k.extern_ir[pk.name] = pk.ir_text
+            ctt = f"CtT{tag}"
+            allocs.append(Alloc(ctt, "float32", (NR, MR)))
+            transposed = [Call(pk.name, (Addr(ct, (_i(0),)), _i(NR), _i(MR), _i(NR), Addr(ctt, (_i(0),))))]
+            store = Store(c.out, out_idx, substitute(c.body, {red: Load(ctt, (ni, mi), "float32"), m_v: m_expr,
+                                                              n_v: n_expr}))
+        epilogue = Loop(ni, n_ext, [Loop(mi, m_ext, [store], "vector", lanes, masked=True)])
+    else:
+        if M % MR:
+            store = If(cmp("<", m_expr, _i(M)), [store])
+        epilogue = Loop(ni, n_ext, [Loop(mi, _i(MR), [store], "unroll")], "vector", NR, masked=True)
+
+    # one parallel loop over (block of MB row tiles, j), j fastest: consecutive iterations share the A block
+    # (L2), and each iteration's panel serves the MB tiles of the block. Tiles are numbered across the other
+    # axes too (T = o·⌈M/MR⌉ + mt, the order of Ap), so a conv whose rows are single tiles still shares panels.
+    flat, t = Var(f"ublock{tag}"), Var(f"ut{tag}")
+    blk = flat // n_panels
+    tiles_here: Expr = minimum(_i(MB), _i(all_tiles) - blk * MB) if all_tiles % MB else _i(MB)
+    tile = blk * MB + t
+    tile_loop = Loop(t, tiles_here, rename(calls + transposed + [epilogue], {
+        j: flat % n_panels, mt: tile % n_tiles, o: tile // n_tiles, **decode_others(tile // n_tiles)}))
+    total = n_blocks * n_panels
+    compute = Loop(flat, _i(total), allocs + [tile_loop], kind if total > 1 else "serial")
+    return [pack, compute]

@@ -1,0 +1,92 @@
+"""The convolution code paths chosen for speed, each against onnxruntime: convs vectorized over output
+channels (PackedConv, with the register tile's rows kept below spilling when kernel taps overlap), and
+depthwise convs that read their padding through masked loads instead of a padded copy.
+
+Tolerance: 1e-4 relative to the largest |output| (reductions summed in another order than onnxruntime's)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import C, check, make_model, op_model, rand
+from kiln.compiler import lower
+from kiln.schedule.tile import choose_tile
+from kiln.target import resolve
+
+TOL = 1e-4
+
+
+def _lowered(x: tuple[int, ...], w: tuple[int, ...], attrs: dict):
+    model, _ = op_model("Conv", [rand(*x, seed=1), C(rand(*w, seed=2)), C(rand(w[0], seed=3))], attrs)
+    return lower(model, resolve("host"), 2, {}, stop_after="kernels")
+
+
+# (x shape, w shape, attrs, goes by channels)
+DENSE = {
+    "3x3-s1-14px": ((1, 16, 14, 14), (64, 16, 3, 3), {"pads": [1, 1, 1, 1]}, True),
+    "3x3-s2-odd": ((1, 24, 15, 17), (32, 24, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}, True),
+    "7x7-s2-stem": ((1, 3, 23, 23), (32, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}, True),
+    "1x1-small-plane-long-rows": ((1, 512, 7, 9), (64, 512, 1, 1), {}, True),
+    "1x1-small-plane-short-rows": ((1, 64, 7, 9), (64, 64, 1, 1), {}, False),
+    "1x1-s2": ((1, 64, 14, 14), (32, 64, 1, 1), {"strides": [2, 2]}, True),
+    "1x1-28px-rows": ((1, 64, 28, 28), (32, 64, 1, 1), {}, False),
+    "3x3-co-not-32": ((1, 16, 14, 14), (24, 16, 3, 3), {"pads": [1, 1, 1, 1]}, False),
+}
+
+
+@pytest.mark.parametrize("case", list(DENSE))
+def test_dense_conv_paths(case: str) -> None:
+    xs, ws, attrs, by_channels = DENSE[case]
+    ops = [n.op for n in _lowered(xs, ws, attrs).graph.nodes]
+    assert ("PackedConv" in ops) == by_channels, ops
+    model, feeds = op_model("Conv", [rand(*xs, seed=1), C(rand(*ws, seed=2)), C(rand(ws[0], seed=3))], attrs)
+    check(model, feeds, TOL)
+
+
+def test_overlapping_taps_shrink_the_tile() -> None:
+    """A 3×3 conv by channels: rows i and i+1 share pixels across taps, so MR stays ≤ 7 (14 spilled)."""
+    c = _lowered((1, 16, 14, 14), (64, 16, 3, 3), {"pads": [1, 1, 1, 1]})
+    k = next(k for k in c.program.kernels if "packedconv" in k.name)
+    t = choose_tile(k, k.computes[-1], resolve("host"))
+    assert t is not None and t.mr * (t.nr // t.lanes) <= 14 and 14 % t.mr == 0
+    c1 = _lowered((1, 512, 7, 9), (64, 512, 1, 1), {})
+    k1 = next(k for k in c1.program.kernels if "packedconv" in k.name)
+    t1 = choose_tile(k1, k1.computes[-1], resolve("host"))
+    assert t1 is not None and t1.mr > 7  # 1×1: no overlap, the full register budget
+
+
+# (x shape, w shape, attrs): depthwise, stride 1, padded
+DEPTHWISE = {
+    "3x3-30px": ((1, 19, 30, 30), (19, 1, 3, 3), {"pads": [1, 1, 1, 1]}),
+    "3x3-asym-pads": ((1, 8, 13, 37), (8, 1, 3, 3), {"pads": [0, 1, 2, 2]}),
+    "5x5-dil2": ((2, 6, 17, 21), (6, 1, 5, 5), {"pads": [4, 4, 4, 4], "dilations": [2, 2]}),
+    "3x3-multiplier2": ((1, 4, 9, 20), (8, 1, 3, 3), {"pads": [1, 1, 1, 1]}),
+}
+
+
+@pytest.mark.parametrize("case", list(DEPTHWISE))
+def test_depthwise_reads_padding_through_masks(case: str) -> None:
+    xs, ws, attrs = DEPTHWISE[case]
+    attrs = {**attrs, "group": xs[1]}
+    c = _lowered(xs, ws, attrs)
+    assert not [b for b in c.program.buffers if b.endswith(".pad")], "a padded copy was made"
+    x = rand(*xs, seed=1)
+    x[..., 0] = 50.0  # large border values: a mask that lets padding through would show
+    model, feeds = op_model("Conv", [x, C(rand(*ws, seed=2)), C(rand(ws[0], seed=3))], attrs)
+    got = check(model, feeds, TOL)
+    assert np.isfinite(got[0]).all()
+
+
+def test_short_reduction_conv_with_residual_epilogue() -> None:
+    """A 1×1 conv with Ci ≤ 128 (its tiles run column panels fastest), 40 output channels (a clamped edge
+    row block), the residual add and ReLU fused into the tile's epilogue."""
+    from onnx import helper
+
+    x, r = rand(1, 64, 30, 30, seed=1), rand(1, 40, 30, 30, seed=4)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"]), helper.make_node("Add", ["y", "r"], ["s"]),
+             helper.make_node("Relu", ["s"], ["out"])]
+    model = make_model(nodes, {"x": x, "r": r}, ["out"], {"w": rand(40, 64, 1, 1, seed=2), "b": rand(40, seed=3)})
+    c = lower(model, resolve("host"), 2, {}, stop_after="kernels")
+    (k,) = [k for k in c.program.kernels if "conv" in k.name]
+    assert "tile" in str(k)
+    check(model, {"x": x, "r": r}, TOL)
