@@ -1,6 +1,6 @@
 """Kiln: a deep-learning compiler for CPUs (ONNX → graph IR → loop IR → LLVM → native vector code)."""
 from kiln.compiler import PASS_OPTIONS, __version__, compile
-from kiln.errors import KilnError, ModelError, UnsupportedOperator
+from kiln.errors import BoundsError, KilnError, ModelError, TargetError, UnsupportedOperator
 from kiln.runtime.executable import Executable
 from kiln.strategy import STRATEGIES
 
@@ -10,5 +10,5 @@ def load(path: str, num_threads: int | None = None) -> Executable:
     return Executable.load(path, num_threads=num_threads)
 
 
-__all__ = ["compile", "load", "Executable", "KilnError", "ModelError", "UnsupportedOperator", "PASS_OPTIONS",
-           "STRATEGIES", "__version__"]
+__all__ = ["compile", "load", "Executable", "KilnError", "ModelError", "UnsupportedOperator", "BoundsError",
+           "TargetError", "PASS_OPTIONS", "STRATEGIES", "__version__"]

@@ -11,12 +11,15 @@ path or `zoo:NAME`; `target` a name accepted by `kiln.target.resolve` ("aarch64-
 ...) or a `Target`. Compiles with ONE thread (the driver's `kiln_parallel` runs chunks serially), writes into
 `workdir`: `model.o` (the object), `model.s` (its assembly), `weights.bin`, `driver` (the static executable).
 Raises `kiln.errors.CrossToolError` when the cross GCC is missing, `kiln.errors.TargetError` for a target LLVM
-cannot lower. Only strategy "direct" exists today (the others raise ValueError).
+cannot lower. `strategy`: "direct" (emitted code) or "ukernel" (MatMul/Conv on the target's hand-written
+microkernels, kiln/ukernels/aarch64.py and riscv.py; anchors they do not apply to stay direct); the others raise
+ValueError.
 
 `CrossBinary` fields: `target` (Target), `workdir`, `exe` (path of the static executable), `obj`, `asm`,
 `weights`, `arena_bytes`, `inputs` / `outputs` (lists of IOSpec: name, dtype, shape), `vector_loops`
 ({"scalable": n, "fixed": n}, plus "sme": n ZA outer-product tiles on aarch64-sme: how the vector loops
-were emitted), `kernel_functions`, `compile_s`.
+were emitted), `kernel_functions`, `compile_s`, `strategies` ({node: "direct" | "ukernel"}: how each MatMul/Conv
+was actually built).
 
 `run_qemu(binary, feeds, vlen=None, plugin_args=None, timeout=600)`: writes the inputs, runs the executable
 under `qemu-riscv64` / `qemu-aarch64` with the vector length `vlen` in bits (RVV VLEN 128–1024; SVE 128–2048;

@@ -32,6 +32,10 @@ INSTALL_HINT = ("apt-get install qemu-user gcc-riscv64-linux-gnu gcc-aarch64-lin
 # has a lazy-save buffer to commit (no ZA state crosses a call), so the routine has nothing to do.
 SME_STUB_C = "void __arm_tpidr2_save(void) {}\n"
 
+# strategies a cross build can use: emitted code, or the target's microkernels (the library strategy binds host
+# shared libraries; auto measures on the host)
+CROSS_STRATEGIES = ("direct", "ukernel")
+
 
 class CrossToolError(KilnError, RuntimeError):
     """The cross compiler or qemu is missing (the message says what to install)."""
@@ -72,6 +76,7 @@ class CrossBinary:
     vector_loops: dict[str, int] = field(default_factory=dict)
     kernel_functions: list[str] = field(default_factory=list)
     compile_s: float = 0.0
+    strategies: dict[str, str] = field(default_factory=dict)   # per MatMul/Conv node: how it was actually built
 
     @property
     def input_names(self) -> list[str]:
@@ -106,8 +111,9 @@ def build_binary(model: onnx.ModelProto | str | bytes | os.PathLike, target: str
     from kiln.codegen.sme import has_sme
 
     t = resolve(target)
-    if strategy != "direct":
-        raise ValueError(f"cross builds support strategy 'direct' only, got {strategy!r}")
+    if strategy not in CROSS_STRATEGIES:
+        raise ValueError(f"cross builds support strategies {', '.join(CROSS_STRATEGIES)}, got {strategy!r} "
+                         "(libraries are host-only; 'auto' measures on the host)")
     if t.arch not in TOOLCHAINS:
         raise TargetError(f"target {t.name} is not a cross target; cross builds are for {', '.join(TOOLCHAINS)}")
     gcc = TOOLCHAINS[t.arch][0]
@@ -117,7 +123,7 @@ def build_binary(model: onnx.ModelProto | str | bytes | os.PathLike, target: str
     start = time.perf_counter()
     paths = {k: os.path.join(workdir, f) for k, f in
              (("obj", "model.o"), ("asm", "model.s"), ("weights", "weights.bin"), ("exe", "driver"))}
-    c = compile_object(model, t, paths["obj"], paths["asm"], options)
+    c = compile_object(model, t, paths["obj"], paths["asm"], options, strategy)
     g = c.graph
     with open(paths["weights"], "wb") as f:
         f.write(c.plan.weights)
@@ -128,17 +134,21 @@ def build_binary(model: onnx.ModelProto | str | bytes | os.PathLike, target: str
         inputs=[IOSpec(v.name, v.dtype, tuple(v.shape)) for v in g.inputs],
         outputs=[IOSpec(n, v.dtype, tuple(v.shape)) for n, v in zip(g.output_names, g.outputs)],
         vector_loops=count_vector_loops(c.program.kernels, t.scalable, has_sme(t)),
-        kernel_functions=list(c.kernel_functions), compile_s=time.perf_counter() - start)
+        kernel_functions=list(c.kernel_functions), compile_s=time.perf_counter() - start,
+        strategies={node: how for k in c.program.kernels for node, how in k.strategies.items()})
 
 
 def compile_object(model: onnx.ModelProto | str | bytes | os.PathLike, target: str | Target, obj_path: str,
-                   asm_path: str | None = None, options: dict[str, bool] | None = None) -> Compiled:
+                   asm_path: str | None = None, options: dict[str, bool] | None = None,
+                   strategy: str = "direct") -> Compiled:
     """Kiln's pipeline for `target` with one thread, then LLVM (in a child process) writes the object to
-    `obj_path`, its assembly to `asm_path` and the LLVM IR beside the object (`.ll`). Returns the stages."""
+    `obj_path`, its assembly to `asm_path` and the LLVM IR beside the object (`.ll`). Returns the stages.
+    `strategy` "ukernel": MatMul/Conv on the target's hand-written microkernels (kiln/ukernels/aarch64.py,
+    riscv.py) where they apply; c.program's kernels record what each anchor was built with."""
     from kiln.compiler import check_options, lower
 
     t = resolve(target)
-    c = lower(_load(model), t, 1, check_options(options or {}), stop_after="llvm")
+    c = lower(_load(model), t, 1, check_options(options or {}), stop_after="llvm", strategy=strategy)
     ll_path = os.path.splitext(obj_path)[0] + ".ll"
     with open(ll_path, "w") as f:
         f.write(c.llvm_ir)

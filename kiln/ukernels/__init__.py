@@ -23,6 +23,8 @@ import functools
 from dataclasses import dataclass
 
 from kiln.target import Target
+from kiln.ukernels.aarch64 import NEON_FAMILY, SVE_FAMILY, neon_kernel_ir, sve_kernel_ir
+from kiln.ukernels.riscv import RVV_FAMILY, rvv_kernel_ir
 from kiln.ukernels.x86 import kernel_name, pack_name, x86_kernel_ir, x86_pack_ir
 
 
@@ -53,13 +55,26 @@ X86_FAMILIES: dict[str, tuple[int, int, int]] = {
     "avx512": (16, 14, 32),   # 28 zmm accumulators + 2 B vectors of 32 registers
     "avx2": (8, 6, 16),       # 12 ymm accumulators + 2 B vectors + 1 broadcast of 16 registers
 }
+# cross-ISA families (kiln/ukernels/aarch64.py, riscv.py): NR = 8, the panels of a 128-bit minimum vector; no
+# packing kernels (the compiler packs A itself). "lanes" = NR for SVE/RVV: they have no narrow edge kernels.
+CROSS_FAMILIES: dict[str, tuple[int, int, int]] = {"neon": NEON_FAMILY, "sve": SVE_FAMILY, "rvv": RVV_FAMILY}
+FAMILIES: dict[str, tuple[int, int, int]] = {**X86_FAMILIES, **CROSS_FAMILIES}
 
 
 def isa_of(target: Target) -> str | None:
     """The microkernel family a target can run, or None (no kernels for that ISA yet)."""
+    feats = {f[1:] for f in target.features.split(",") if f.startswith("+")}
+    # the cross families are written for NR = 8 panels, i.e. a 128-bit (minimum) vector; SVE2 / SME targets run
+    # the SVE kernels too. A RISC-V CPU with a larger fixed minimum VLEN (riscv64-rvv:sifive-x280) gets wider
+    # panels and no microkernel (direct).
+    if target.arch == "aarch64" and target.vector_bits == 128:
+        if target.scalable:
+            return "sve" if "sve" in feats else None
+        return "neon" if "neon" in feats else None
+    if target.arch == "riscv64" and target.scalable and "v" in feats and target.vector_bits == 128:
+        return "rvv"
     if target.arch != "x86_64" or target.scalable or not target.has_fma:
         return None
-    feats = {f[1:] for f in target.features.split(",") if f.startswith("+")}
     if target.vector_bits == 512 and target.vector_registers >= 32 and "avx512f" in feats:
         return "avx512"
     if target.vector_bits == 256 and "avx2" in feats and "fma" in feats:
@@ -69,9 +84,10 @@ def isa_of(target: Target) -> str | None:
 
 @functools.cache
 def _kernel(isa: str, mr: int, cols: int) -> UKernel:
-    width, _, nr = X86_FAMILIES[isa]
-    return UKernel(kernel_name(isa, mr, nr, cols), mr, nr, isa, x86_kernel_ir(isa, mr, nr, width, cols=cols),
-                   cols)
+    width, _, nr = FAMILIES[isa]
+    text = {"neon": lambda: neon_kernel_ir(mr, nr, cols), "sve": lambda: sve_kernel_ir(mr, nr),
+            "rvv": lambda: rvv_kernel_ir(mr, nr)}.get(isa, lambda: x86_kernel_ir(isa, mr, nr, width, cols=cols))()
+    return UKernel(kernel_name(isa, mr, nr, cols), mr, nr, isa, text, cols)
 
 
 @functools.cache
@@ -83,13 +99,13 @@ def _pack(isa: str, mr: int) -> PackKernel:
 def pack_kernel_for(target: Target, mr: int) -> PackKernel | None:
     """The packing kernel for `mr`-row A panels on `target` (None: no kernels for its ISA)."""
     uk = ukernel_for(target, mr)
-    return None if uk is None else _pack(uk.isa, mr)
+    return None if uk is None or uk.isa not in X86_FAMILIES else _pack(uk.isa, mr)
 
 
 def narrow_cols(target: Target) -> int | None:
     """Columns of the family's narrow edge kernels (one vector), or None."""
     isa = isa_of(target)
-    return None if isa is None else X86_FAMILIES[isa][0]
+    return None if isa is None else FAMILIES[isa][0]
 
 
 def ukernel_for(target: Target, mr: int | None = None, cols: int | None = None) -> UKernel | None:
@@ -99,12 +115,12 @@ def ukernel_for(target: Target, mr: int | None = None, cols: int | None = None) 
     isa = isa_of(target)
     if isa is None:
         return None
-    main_mr = X86_FAMILIES[isa][1]
+    main_mr = FAMILIES[isa][1]
     if mr is None:
         mr = main_mr
     if not 1 <= mr <= main_mr:
         raise ValueError(f"{isa} microkernels have 1..{main_mr} rows, not {mr}")
-    width, _, nr = X86_FAMILIES[isa]
+    width, _, nr = FAMILIES[isa]
     if cols is None:
         cols = nr
     if cols % width or not 0 < cols <= nr:
