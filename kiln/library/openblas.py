@@ -1,15 +1,12 @@
 """OpenBLAS from the `scipy-openblas32` wheel: its symbols carry a `scipy_` prefix (`scipy_cblas_sgemm`) so that
 it never clashes with another BLAS in the process (numpy bundles scipy-openblas64, whose symbols end in `64_`).
 
-Threads: OpenBLAS' own pthread pool, sized by `scipy_openblas_set_num_threads` (process-wide). Its idle workers
-spin 2^OPENBLAS_THREAD_TIMEOUT cycles before sleeping — by default 2^28 ≈ 73 ms, during which they take the cores
-from Kiln's next loop (an im2col copy, an epilogue) on a 2-core machine: conv_r50_3x3 median 25–28 ms instead of
-10–16 (host under load). Unless the environment says otherwise, `load()` sets 20 (2^20 cycles ≈ 0.3 ms), about
-as long as Kiln's own pool spins (kiln/runtime/threadpool.py SPINS)."""
+Threads: OpenBLAS' own pthread pool, sized by `scipy_openblas_set_num_threads` (process-wide), with its default
+spin-then-sleep (OPENBLAS_THREAD_TIMEOUT, 2^28 cycles): a shorter spin (2^20, about Kiln's pool's) helped a lone
+conv (median 25–28 → 10–16 ms) but hurt resnet18 (282–400 → 385–465 ms) on the loaded host, so it is left alone."""
 from __future__ import annotations
 
 import ctypes
-import os
 from pathlib import Path
 
 from kiln.kernel.ir import Addr, Call, Const
@@ -19,7 +16,6 @@ WHEEL = "scipy-openblas32"
 SGEMM = "scipy_cblas_sgemm"
 SYMBOLS = (SGEMM,)
 CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, CBLAS_TRANS = 101, 111, 112
-THREAD_TIMEOUT = 20  # idle workers spin 2^20 cycles, then sleep
 
 _lib: ctypes.CDLL | None = None
 
@@ -32,7 +28,6 @@ def load() -> ctypes.CDLL:
             import scipy_openblas32
         except ImportError as e:
             raise OSError(f"cannot import scipy_openblas32 ({e})") from e
-        os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", str(THREAD_TIMEOUT))  # read when the library loads
         lib_dir = Path(scipy_openblas32.get_lib_dir())
         lib = ctypes.CDLL(str(lib_dir / scipy_openblas32.get_library(True)))
         lib.scipy_openblas_set_num_threads.argtypes = [ctypes.c_int]
