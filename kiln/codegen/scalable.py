@@ -42,7 +42,7 @@ inserted (`_retyping`), so the ordinary vectorizer code (kiln/codegen/exprs.py, 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -229,22 +229,32 @@ def emit_vector_loop(ke: KernelEmitter, b: ir.IRBuilder, em: ScalableExprEmitter
             emit_sme_tile(ke, b, em, s, tile, lo, hi)
             return
     n = _pow2_floor(target.scalable_count(s.lanes))
+
+    def strip(i: ir.Value, evl: ir.Value) -> None:
+        with _retyping(b):
+            em.vec = ScalableCtx(s.var, n, i, None, evl)
+            try:
+                ke.stmts(b, em, s.body)
+            finally:
+                em.vec = None
+    strip_mined(b, em, lo, hi, n, strip)
+
+
+def strip_mined(b: ir.IRBuilder, em: ScalableExprEmitter, lo: ir.Value, hi: ir.Value, n: int,
+                body: Callable[[ir.Value, ir.Value], None]) -> None:
+    """for (i = lo; i < hi; i += evl) { evl = get.vector.length(hi − i, n); body(i, evl) } — the last strip is
+    simply shorter (no remainder loop)."""
     gvl = em._decl("llvm.experimental.get.vector.length.i64", I32, [I64, I32, I1])
     pre = b.block
-    head, body, done = (b.append_basic_block(x) for x in ("vhead", "vbody", "vdone"))
+    head, loop, done = (b.append_basic_block(x) for x in ("shead", "sbody", "sdone"))
     b.branch(head)
     b.position_at_end(head)
     i = b.phi(I64)
     i.add_incoming(lo, pre)
-    b.cbranch(b.icmp_signed("<", i, hi), body, done)
-    b.position_at_end(body)
+    b.cbranch(b.icmp_signed("<", i, hi), loop, done)
+    b.position_at_end(loop)
     evl = b.call(gvl, [b.sub(hi, i), ir.Constant(I32, n), ir.Constant(I1, 1)])
-    with _retyping(b):
-        em.vec = ScalableCtx(s.var, n, i, None, evl)
-        try:
-            ke.stmts(b, em, s.body)
-        finally:
-            em.vec = None
+    body(i, evl)
     i.add_incoming(b.add(i, b.zext(evl, I64)), b.block)
     b.branch(head)
     b.position_at_end(done)
@@ -267,30 +277,19 @@ def emit_vector_reduce(ke: KernelEmitter, b: ir.IRBuilder, em: ScalableExprEmitt
     idents = ir.Constant(vt, [ident] * n)
     part = ke.entry_alloca(b, vt)
     b.store(idents, part)
-    gvl = em._decl("llvm.experimental.get.vector.length.i64", I32, [I64, I32, I1])
-    pre = b.block
-    head, body = b.append_basic_block("rhead"), b.append_basic_block("rbody")
-    done = b.append_basic_block("rdone")
-    b.branch(head)
-    b.position_at_end(head)
-    i = b.phi(I64)
-    i.add_incoming(lo, pre)
-    b.cbranch(b.icmp_signed("<", i, hi), body, done)
-    b.position_at_end(body)
-    evl = b.call(gvl, [b.sub(hi, i), ir.Constant(I32, n), ir.Constant(I1, 1)])
-    with _retyping(b):
-        em.vec = ScalableCtx(s.var, n, i, None, evl)
-        try:
-            xv, is_vec = em.ev(x)
-            xv = xv if is_vec else em.splat(xv)
-            merge = em._decl(f"llvm.vp.merge.{em._vsuffix(SCALAR[dtype])}", vt, [em.svt(I1), vt, vt, I32])
-            xv = b.call(merge, [em.all_true(), xv, idents, evl])
-            b.store(em.combine(op, b.load(part, typ=vt), xv, dtype), part)
-        finally:
-            em.vec = None
-    i.add_incoming(b.add(i, b.zext(evl, I64)), b.block)
-    b.branch(head)
-    b.position_at_end(done)
+
+    def strip(i: ir.Value, evl: ir.Value) -> None:
+        with _retyping(b):
+            em.vec = ScalableCtx(s.var, n, i, None, evl)
+            try:
+                xv, is_vec = em.ev(x)
+                xv = xv if is_vec else em.splat(xv)
+                merge = em._decl(f"llvm.vp.merge.{em._vsuffix(SCALAR[dtype])}", vt, [em.svt(I1), vt, vt, I32])
+                xv = b.call(merge, [em.all_true(), xv, idents, evl])
+                b.store(em.combine(op, b.load(part, typ=vt), xv, dtype), part)
+            finally:
+                em.vec = None
+    strip_mined(b, em, lo, hi, n, strip)
     with _retyping(b):
         total = _reduce_lanes(em, op, b.load(part, typ=vt), dtype, ident)
     ptr, _ = em.local_slot(upd.name, upd.slot)

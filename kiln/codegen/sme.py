@@ -156,13 +156,12 @@ def emit_sme_tile(ke: KernelEmitter, b: ir.IRBuilder, em: ScalableExprEmitter, s
 
 def _emit_body(ke: KernelEmitter, b: ir.IRBuilder, em: ScalableExprEmitter, s: Loop, tile: SmeTile,
                lo: ir.Value, hi: ir.Value) -> None:
-    from kiln.codegen.scalable import ScalableCtx, ScalableVectorType, _retyping
+    from kiln.codegen.scalable import ScalableCtx, ScalableVectorType, _retyping, strip_mined
 
     n, mr = 4, tile.local.count  # <vscale x 4 x float>: one streaming vector (SVL/32 lanes)
     vt, mt = ScalableVectorType(F32, n), ScalableVectorType(I1, n)
     groups = -(-mr // MIN_ROWS)
     decl = em._decl
-    gvl = decl("llvm.experimental.get.vector.length.i64", I32, [I64, I32, I1])
     lane_mask = decl("llvm.get.active.lane.mask.nxv4i1.i64", mt, [I64, I64])
     zero_za = decl("llvm.aarch64.sme.zero", ir.VoidType(), [I32])
     mopa = decl("llvm.aarch64.sme.mopa.nxv4f32", ir.VoidType(), [I32, mt, mt, vt, vt])
@@ -172,63 +171,53 @@ def _emit_body(ke: KernelEmitter, b: ir.IRBuilder, em: ScalableExprEmitter, s: L
     svl = b.mul(b.call(decl("llvm.vscale.i64", I64, []), []), ir.Constant(I64, n))  # rows of one ZA.S tile
     accs = [ke.entry_alloca(b, vt) for _ in range(mr)]
 
-    pre = b.block
-    head, body, done = (b.append_basic_block(x) for x in ("shead", "sbody", "sdone"))
-    b.branch(head)
-    b.position_at_end(head)
-    i = b.phi(I64)
-    i.add_incoming(lo, pre)
-    b.cbranch(b.icmp_signed("<", i, hi), body, done)
-    b.position_at_end(body)
-    evl = b.call(gvl, [b.sub(hi, i), ir.Constant(I32, n), ir.Constant(I1, 1)])
-    cols = b.call(lane_mask, [ir.Constant(I64, 0), b.zext(evl, I64)])
-    b.call(zero_za, [ir.Constant(I32, 255)])
-    strip = ScalableCtx(s.var, n, i, None, evl)
+    def strip_body(i: ir.Value, evl: ir.Value) -> None:
+        cols = b.call(lane_mask, [ir.Constant(I64, 0), b.zext(evl, I64)])
+        b.call(zero_za, [ir.Constant(I32, 255)])
+        strip = ScalableCtx(s.var, n, i, None, evl)
 
-    def step() -> None:
-        """One rank-1 update of every ZA tile in use."""
+        def step() -> None:
+            """One rank-1 update of every ZA tile in use."""
+            with _retyping(b):
+                em.vec = strip
+                zm, is_vec = em.ev(tile.row)
+                zm = zm if is_vec else em.splat(zm)
+                em.vec = None
+            for m in range(mr):
+                em.env[tile.mi.name] = ir.Constant(I64, m)
+                b.store(em.ev(tile.column)[0], b.gep(colbuf, [ir.Constant(I32, 0), ir.Constant(I32, m)]))
+            for q in range(groups):
+                first = b.mul(svl, ir.Constant(I64, q))
+                rows = b.call(lane_mask, [first, ir.Constant(I64, mr)])
+                p = b.gep(colbuf, [ir.Constant(I32, 0), first])
+                zn = b.call(mload, [p, ir.Constant(I32, 4), rows, ir.Constant(vt, None)])
+                b.call(mopa, [ir.Constant(I32, q), rows, cols, zn, zm])
+
+        def nest(loops: list[Loop]) -> None:
+            if not loops:
+                step()
+                return
+            lp = loops[0]
+
+            def inner(v: ir.Value) -> None:
+                em.env[lp.var.name] = v
+                nest(loops[1:])
+            ke.counted(b, ir.Constant(I64, 0), em.ev(lp.extent)[0], 1, inner)
+        nest(tile.reduction)
+        # rows of ZA into the accumulators: row m is in tile m // svl, slice m % svl (svl is only known at run time)
+        for m in range(mr):
+            row = None
+            for q in range(groups):
+                first = b.mul(svl, ir.Constant(I64, q))
+                sl = b.trunc(b.sub(ir.Constant(I64, m), first), I32)
+                val = b.call(read, [ir.Constant(vt, None), cols, ir.Constant(I32, q), sl])
+                row = val if row is None else b.select(b.icmp_signed(">=", ir.Constant(I64, m), first), val, row)
+            b.store(row, accs[m])
+        em.locals[tile.local.name] = (accs, True)
         with _retyping(b):
             em.vec = strip
-            zm, is_vec = em.ev(tile.row)
-            zm = zm if is_vec else em.splat(zm)
-            em.vec = None
-        for m in range(mr):
-            em.env[tile.mi.name] = ir.Constant(I64, m)
-            b.store(em.ev(tile.column)[0], b.gep(colbuf, [ir.Constant(I32, 0), ir.Constant(I32, m)]))
-        for q in range(groups):
-            first = b.mul(svl, ir.Constant(I64, q))
-            rows = b.call(lane_mask, [first, ir.Constant(I64, mr)])
-            p = b.gep(colbuf, [ir.Constant(I32, 0), first])
-            zn = b.call(mload, [p, ir.Constant(I32, 4), rows, ir.Constant(vt, None)])
-            b.call(mopa, [ir.Constant(I32, q), rows, cols, zn, zm])
-
-    def nest(loops: list[Loop]) -> None:
-        if not loops:
-            step()
-            return
-        lp = loops[0]
-
-        def inner(v: ir.Value) -> None:
-            em.env[lp.var.name] = v
-            nest(loops[1:])
-        ke.counted(b, ir.Constant(I64, 0), em.ev(lp.extent)[0], 1, inner)
-    nest(tile.reduction)
-    # rows of ZA into the accumulators: row m is in tile m // svl, slice m % svl (svl is only known at run time)
-    for m in range(mr):
-        row = None
-        for q in range(groups):
-            first = b.mul(svl, ir.Constant(I64, q))
-            sl = b.trunc(b.sub(ir.Constant(I64, m), first), I32)
-            val = b.call(read, [ir.Constant(vt, None), cols, ir.Constant(I32, q), sl])
-            row = val if row is None else b.select(b.icmp_signed(">=", ir.Constant(I64, m), first), val, row)
-        b.store(row, accs[m])
-    em.locals[tile.local.name] = (accs, True)
-    with _retyping(b):
-        em.vec = strip
-        try:
-            ke.stmts(b, em, tile.epilogue)
-        finally:
-            em.vec = None
-    i.add_incoming(b.add(i, b.zext(evl, I64)), b.block)
-    b.branch(head)
-    b.position_at_end(done)
+            try:
+                ke.stmts(b, em, tile.epilogue)
+            finally:
+                em.vec = None
+    strip_mined(b, em, lo, hi, n, strip_body)
