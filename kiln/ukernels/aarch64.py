@@ -190,6 +190,12 @@ def neon_kernel_ir(mr: int, nr: int = 8, cols: int | None = None, unroll: int = 
 # ---- SVE -----------------------------------------------------------------------------------------------------
 
 SVT, SMT = "<vscale x 4 x float>", "<vscale x 4 x i1>"
+# A by ld1rqw + indexed fmla (True) or by one ld1rw broadcast per row + plain fmla (False). Measured (ISA report,
+# aarch64-sve at VL 256): indexed 0.101 / 0.143 instructions per FLOP on gemm_odd / conv_r50_3x3 and 30 / 32
+# FLOP/cycle (llvm-mca, neoverse-v1), broadcasts 0.183 / 0.183 and 20 / 21 (load-bound). The indexed form reads
+# its A operand from z0–z7 only, and for some MR (5, 6, 9, 10; 7 once inlined into a model) LLVM's register
+# allocator then spills one A register per k step — still the better of the two.
+SVE_INDEXED_FMA = True
 
 
 def _sve_ops(mask: str) -> VectorOps:
@@ -204,6 +210,15 @@ def _sve_ops(mask: str) -> VectorOps:
 
     def a_operands(emit: Emit, t: str, ap: str, mr: int) -> list[str]:
         out = []
+        if not SVE_INDEXED_FMA:   # one broadcast load (ld1rw) per row, plain fmla
+            for i in range(mr):
+                emit(f"  %{t}.asp{i} = getelementptr float, ptr {ap}, i64 {i}")
+                emit(f"  %{t}.as{i} = load float, ptr %{t}.asp{i}, align 4")
+                emit(f"  %{t}.ai{i} = insertelement {SVT} poison, float %{t}.as{i}, i64 0")
+                emit(f"  %{t}.a{i} = shufflevector {SVT} %{t}.ai{i}, {SVT} poison, "
+                     "<vscale x 4 x i32> zeroinitializer")
+                out.append(f"%{t}.a{i}")
+            return out
         for g in range(-(-mr // 4)):   # ld1rqw: 4 rows (fewer for the last group, predicated) in every segment
             rows = min(4, mr - 4 * g)
             emit(f"  %{t}.agp{g} = getelementptr float, ptr {ap}, i64 {4 * g}")
@@ -213,6 +228,9 @@ def _sve_ops(mask: str) -> VectorOps:
         return out
 
     def fma(emit: Emit, dst: str, acc: str, a: str, b: str) -> None:
+        if "|" not in a:
+            emit(f"  {dst} = call {SVT} @llvm.fma.nxv4f32({SVT} {a}, {SVT} {b}, {SVT} {acc})")
+            return
         rep, lane = a.split("|")
         emit(f"  {dst} = call {SVT} @llvm.aarch64.sve.fmla.lane.nxv4f32({SVT} {acc}, {SVT} {b}, {SVT} {rep}, "
              f"i32 {lane})")
@@ -241,5 +259,6 @@ def sve_kernel_ir(mr: int, nr: int = 8, unroll: int = UNROLL) -> str:
             f"declare {SVT} @llvm.masked.load.nxv4f32.p0(ptr, i32 immarg, {SMT}, {SVT})",
             f"declare void @llvm.masked.store.nxv4f32.p0({SVT}, ptr, i32 immarg, {SMT})",
             f"declare {SVT} @llvm.aarch64.sve.ld1rq.nxv4f32({SMT}, ptr)",
-            f"declare {SVT} @llvm.aarch64.sve.fmla.lane.nxv4f32({SVT}, {SVT}, {SVT}, i32 immarg)"]
+            f"declare {SVT} @llvm.aarch64.sve.fmla.lane.nxv4f32({SVT}, {SVT}, {SVT}, i32 immarg)",
+            f"declare {SVT} @llvm.fma.nxv4f32({SVT}, {SVT}, {SVT})"]
     return "\n".join(out) + "\n"
