@@ -65,6 +65,11 @@ def load() -> ctypes.CDLL:
     return _state["dnnl"]
 
 
+def tbb() -> ctypes.CDLL:
+    load()
+    return _state["tbb"]
+
+
 def set_threads(n: int) -> None:
     load()
     if not (_limit and _limit[0].n == n):

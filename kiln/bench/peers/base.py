@@ -7,11 +7,8 @@ siblings import nothing heavy at module level.
 """
 from __future__ import annotations
 
-import ctypes
 import importlib
 import importlib.metadata
-import os
-import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -142,21 +139,6 @@ def save_model(model: Any, name: str = "model", directory: str | Path | None = N
     big = model.ByteSize() > 1_500_000_000
     onnx.save_model(model, str(path), save_as_external_data=big, location="model.onnx.data" if big else None)
     return path
-
-
-def prefix_lib(*names: str) -> Path | None:
-    """First of `names` in the interpreter's lib dir (where the mkl/onednn wheels put their .so files)."""
-    for base in {sys.prefix, sys.base_prefix, os.path.join(sys.prefix, "local")}:
-        for n in names:
-            p = Path(base) / "lib" / n
-            if p.exists():
-                return p
-    return None
-
-
-def load_global(path: Path) -> ctypes.CDLL:
-    """dlopen with RTLD_GLOBAL so later libraries find it by soname (the wheels set no RUNPATH)."""
-    return ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
 
 
 CBLAS_ROW_MAJOR, CBLAS_NO_TRANS = 101, 111

@@ -14,7 +14,6 @@ The ISA path is MKL's own CPU dispatch. B is used as given; MKL packs it on ever
 from __future__ import annotations
 
 import ctypes
-import os
 
 from kiln.bench.peers.base import (
     Peer,
@@ -25,30 +24,18 @@ from kiln.bench.peers.base import (
     gemm_input,
     gemm_of,
     loadable,
-    prefix_lib,
 )
 from kiln.bench.workload import Workload
-
-_lib: ctypes.CDLL | None = None
+from kiln.library import mkl as mkl_lib
 
 
 def _load() -> ctypes.CDLL:
-    """dlopen libmkl_rt once and choose the threading layer (must precede any other MKL call)."""
-    global _lib
-    if _lib is None:
-        path = prefix_lib("libmkl_rt.so", "libmkl_rt.so.3", "libmkl_rt.so.2")
-        if path is None:
-            raise OSError("libmkl_rt.so not found in the interpreter's lib dir")
-        os.environ["MKL_THREADING_LAYER"] = "GNU"  # read by libmkl_rt at its first call
-        lib = ctypes.CDLL(str(path))
-        p, i, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-        lib.cblas_sgemm.argtypes = [i, i, i, i, i, i, f, p, i, p, i, f, p, i]
-        lib.cblas_sgemm.restype = None
-        lib.MKL_Set_Num_Threads.argtypes = [i]
-        lib.MKL_Set_Dynamic.argtypes = [i]
-        lib.MKL_Get_Max_Threads.restype = i
-        _lib = lib
-    return _lib
+    """libmkl_rt, loaded (threading layer chosen first) by kiln.library.mkl, typed for a ctypes cblas_sgemm."""
+    lib = mkl_lib.load()
+    p, i, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+    lib.cblas_sgemm.argtypes = [i, i, i, i, i, i, f, p, i, p, i, f, p, i]
+    lib.cblas_sgemm.restype = None
+    return lib
 
 
 class MklPeer(Peer):
