@@ -3,7 +3,8 @@ strategy table (packing, edge tiles, epilogue placement, parallel split).
 
     python benchmarks/strategy_profile.py resnet50 [direct ukernel library:mkl ...] [--threads 2] [--rounds 5]
 
-Every strategy builds the same graph with the same fusion, so the kernels have the same names; each is
+Every strategy builds the same graph with the same fusion, so the kernels line up one to one (rows are named
+after the first strategy's kernels: a library conv is `conv`, not `packedconv`); each is
 compiled once and the rounds run the strategies interleaved (round-robin), per-kernel times summed through
 Kiln's profile hook, medians per kernel over the rounds. Prints the kernels whose time differs most."""
 from __future__ import annotations
@@ -39,8 +40,10 @@ def main() -> None:
             prof: dict[str, float] = {}
             for _ in range(a.runs):
                 exe.run(feeds, profile=prof)
+            # kernels line up by position (same graph, same fusion); names differ (packedconv vs conv)
+            pos = {name: i for i, name in enumerate(exe.kernel_names)}
             for k, sec in prof.items():
-                per[s].setdefault(k, []).append(sec / a.runs * 1e3)
+                per[s].setdefault(exes[strategies[0]].kernel_names[pos[k]], []).append(sec / a.runs * 1e3)
             totals[s].append(sum(prof.values()) / a.runs * 1e3)
     med = {s: {k: statistics.median(v) for k, v in per[s].items()} for s in strategies}
     base = strategies[0]
