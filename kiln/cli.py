@@ -66,6 +66,22 @@ def _cross_target(args: argparse.Namespace):  # noqa: ANN202 - kiln.target.Targe
     return None if t.triple == host().triple else t
 
 
+def check_outputs(names: list[str], outs: list[np.ndarray], ref: list[np.ndarray], rtol: float, where: str = "",
+                  indent: str = "  ") -> int:
+    """Print each output's error against onnxruntime's (max abs, and max abs ÷ max |ref|); 1 if any is over
+    `rtol`, else 0."""
+    status = 0
+    for name, o, r in zip(names, outs, ref):
+        err = float(np.abs(o.astype(np.float64) - r).max()) if o.size else 0.0
+        scale = float(np.abs(r).max()) if r.size else 0.0
+        rel = err / scale if scale else err
+        ok = rel <= rtol
+        status |= 0 if ok else 1
+        print(f"{indent}check {name}{where} vs onnxruntime: max abs err {err:.3g}, max rel err {rel:.3g} "
+              f"→ {'OK' if ok else 'MISMATCH'} (rtol {rtol})")
+    return status
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
     import kiln
 
@@ -121,14 +137,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         so = ort.SessionOptions()
         so.intra_op_num_threads = exe.num_threads
         ref = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
-        for name, o, r in zip(exe.output_names, outs, ref):
-            err = float(np.abs(o.astype(np.float64) - r).max()) if o.size else 0.0
-            scale = float(np.abs(r).max()) if r.size else 0.0
-            rel = err / scale if scale else err
-            ok = rel <= args.rtol
-            status |= 0 if ok else 1
-            print(f"  check {name} vs onnxruntime: max abs err {err:.3g}, max rel err {rel:.3g} "
-                  f"→ {'OK' if ok else 'MISMATCH'} (rtol {args.rtol})")
+        status |= check_outputs(exe.output_names, outs, ref, args.rtol)
     if args.profile:
         prof: dict[str, float] = {}
         for _ in range(args.repeat):

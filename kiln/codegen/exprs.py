@@ -253,15 +253,11 @@ class ExprEmitter:
 
         Valid because the condition holds exactly where the clamp is the identity (checked syntactically:
         every clamp's two bounds tests must be conjuncts of the condition)."""
-        index = self.unclamped_index(e) if self.vec is not None else None
-        if index is None:
+        access = self.guarded_access(e)
+        if access is None:
             return None
-        ptr, dtype, flat = self.address(e.a.buf, index)
-        if coef(flat, self.vec.var) != 1 or dtype == "bool":
-            return None
-        cond, cv = self.ev(e.cond)
+        ptr, dtype, flat, mask = access
         n = self.vec.lanes
-        mask = cond if cv else self.splat(cond)
         if self.vec.mask is not None:
             mask = self.b.and_(mask, self.vec.mask)
         mt = MEMORY[dtype]
@@ -273,6 +269,18 @@ class ExprEmitter:
             mask = self.bounds.lanes(ptr, self.bounds.progression(self._at_base(flat), 1, n), mask)
         align = elem_bytes(mt)
         return self.b.call(fn, [p, ir.Constant(I32, align), mask, fill]), True
+
+    def guarded_access(self, e: Select) -> tuple[ir.Value, str, Expr, ir.Value] | None:
+        """(buffer pointer, dtype, flat index, lane mask) when `e` is the padding pattern of guarded_load with a
+        unit-stride (non-bool) source inside a vector loop, else None; the mask is the condition, per lane."""
+        index = self.unclamped_index(e) if self.vec is not None else None
+        if index is None:
+            return None
+        ptr, dtype, flat = self.address(e.a.buf, index)
+        if coef(flat, self.vec.var) != 1 or dtype == "bool":
+            return None
+        cond, cv = self.ev(e.cond)
+        return ptr, dtype, flat, cond if cv else self.splat(cond)
 
     def _decl(self, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
         return self.m.globals.get(name) or ir.Function(self.m, ir.FunctionType(ret, args), name)

@@ -9,6 +9,7 @@ from llvmlite import ir
 
 from kiln.codegen.bounds import BoundsChecker
 from kiln.codegen.exprs import I32, I64, MEMORY, PTR, SCALAR, ExprEmitter, VectorCtx, elem_bytes
+from kiln.codegen.loops import emit_loop
 from kiln.codegen.scalable import ScalableExprEmitter, loop_is_scalable, reduce_is_scalable
 from kiln.codegen.scalable import emit_vector_loop as emit_scalable_loop
 from kiln.codegen.scalable import emit_vector_reduce as emit_scalable_reduce
@@ -188,18 +189,10 @@ class KernelEmitter:
 
     def counted(self, b: ir.IRBuilder, lo: ir.Value, hi: ir.Value, step: int, body) -> None:  # noqa: ANN001
         """for (i = lo; i < hi; i += step) body(i)"""
-        pre = b.block
-        head, loop, done = (b.append_basic_block(x) for x in ("head", "body", "done"))
-        b.branch(head)
-        b.position_at_end(head)
-        i = b.phi(I64)
-        i.add_incoming(lo, pre)
-        b.cbranch(b.icmp_signed("<", i, hi), loop, done)
-        b.position_at_end(loop)
-        body(i)
-        i.add_incoming(b.add(i, ir.Constant(I64, step)), b.block)
-        b.branch(head)
-        b.position_at_end(done)
+        def one(i: ir.Value) -> ir.Value:
+            body(i)
+            return ir.Constant(I64, step)
+        emit_loop(b, lo, hi, one)
 
     def loop(self, b: ir.IRBuilder, em: ExprEmitter, s: Loop, lo: ir.Value | None = None,
              hi: ir.Value | None = None) -> None:

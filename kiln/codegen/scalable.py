@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING
 from llvmlite import ir
 
 from kiln.codegen.exprs import I1, I32, I64, MEMORY, PTR, SCALAR, ExprEmitter, VectorCtx
+from kiln.codegen.loops import emit_loop
 from kiln.codegen.sme import emit_sme_tile, has_sme, match_sme_tile
 from kiln.kernel.analysis import coef, flat_index
 from kiln.kernel.ir import (
@@ -245,19 +246,12 @@ def strip_mined(b: ir.IRBuilder, em: ScalableExprEmitter, lo: ir.Value, hi: ir.V
     """for (i = lo; i < hi; i += evl) { evl = get.vector.length(hi − i, n); body(i, evl) } — the last strip is
     simply shorter (no remainder loop)."""
     gvl = em._decl("llvm.experimental.get.vector.length.i64", I32, [I64, I32, I1])
-    pre = b.block
-    head, loop, done = (b.append_basic_block(x) for x in ("shead", "sbody", "sdone"))
-    b.branch(head)
-    b.position_at_end(head)
-    i = b.phi(I64)
-    i.add_incoming(lo, pre)
-    b.cbranch(b.icmp_signed("<", i, hi), loop, done)
-    b.position_at_end(loop)
-    evl = b.call(gvl, [b.sub(hi, i), ir.Constant(I32, n), ir.Constant(I1, 1)])
-    body(i, evl)
-    i.add_incoming(b.add(i, b.zext(evl, I64)), b.block)
-    b.branch(head)
-    b.position_at_end(done)
+
+    def strip(i: ir.Value) -> ir.Value:
+        evl = b.call(gvl, [b.sub(hi, i), ir.Constant(I32, n), ir.Constant(I1, 1)])
+        body(i, evl)
+        return b.zext(evl, I64)
+    emit_loop(b, lo, hi, strip, ("shead", "sbody", "sdone"))
 
 
 def emit_vector_reduce(ke: KernelEmitter, b: ir.IRBuilder, em: ScalableExprEmitter, s: Loop, lo: ir.Value,
@@ -405,14 +399,10 @@ class ScalableExprEmitter(ExprEmitter):
         """The padding pattern (see ExprEmitter.guarded_load) as one vp.load under the condition's mask."""
         if self.strip is None:
             return super().guarded_load(e)
-        index = self.unclamped_index(e)
-        if index is None:
+        access = self.guarded_access(e)
+        if access is None:
             return None
-        ptr, dtype, flat = self.address(e.a.buf, index)
-        if coef(flat, self.vec.var) != 1 or dtype == "bool":
-            return None
-        cond, cv = self.ev(e.cond)
-        mask = cond if cv else self.splat(cond)
+        ptr, dtype, flat, mask = access
         mt = MEMORY[dtype]
         p = self.b.gep(ptr, [self._at_base(flat)], source_etype=mt)
         val = self._vp_load(p, mt, mask)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from kiln.cli import check_outputs
 from kiln.target import Target
 
 
@@ -90,12 +91,5 @@ def _build_and_run(args: argparse.Namespace, model, t: Target, options: dict[str
         if args.output and vlen == vlens[0]:
             np.save(args.output, outs[0])
         if ref is not None:
-            for name, o, r in zip(binary.output_names, outs, ref):
-                err_abs = float(np.abs(o.astype(np.float64) - r).max()) if o.size else 0.0
-                scale = float(np.abs(r).max()) if r.size else 0.0
-                rel = err_abs / scale if scale else err_abs
-                ok = rel <= args.rtol
-                status |= 0 if ok else 1
-                print(f"    check {name} at VLEN {vlen} vs onnxruntime: max abs err {err_abs:.3g}, max rel err "
-                      f"{rel:.3g} → {'OK' if ok else 'MISMATCH'} (rtol {args.rtol})")
+            status |= check_outputs(binary.output_names, outs, ref, args.rtol, f" at VLEN {vlen}", "    ")
     return status
