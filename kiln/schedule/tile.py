@@ -196,7 +196,14 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
     pre: list[Stmt] = []
     if packed is not None:
         pack, swap = packed
-        pre = schedule_plain(pack, f"{tag}p")
+        # vectors along r (each row's contiguous run), the MR rows unrolled: codegen turns the MR stores of a
+        # step into one interleaving shuffle (an in-register transpose) and one contiguous store of MR·lanes
+        p0, p1, p2 = pack.axes
+        n_row_tiles, K, _ = pack.extents
+        st = Store(pack.out, (p0, p1, p2), pack.body)
+        pre = [Loop(p0, Const(n_row_tiles, "int64"), [Loop(p1, Const(K, "int64"), [
+            Loop(p2, Const(t.mr, "int64"), [st], "unroll")], "vector", t.lanes, masked=True)],
+            "parallel" if threads > 1 else "serial")]
         red_body = substitute(red.body, swap)
     else:
         red_body = red.body

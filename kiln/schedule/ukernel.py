@@ -18,10 +18,10 @@ Loop nest (TVM-style; mt = row tile, blk = block of MB row tiles, j = panel, kc 
       — or, for any other A (a conv's implicit im2col), compiler-generated:
       for r…: for mi in 0..MR vector: Ap[o, mt, k(r), mi] = A(o, m = mt·MR + mi, r)
                                                               #    Ap: kernel scratch (arena), 64-byte aligned
-    parallel for (blk, j) in ⌈T/MB⌉ × ⌈N/NR⌉:                # 2. j fastest: a chunk keeps its A block in L2;
+    parallel for (blk, j) in ⌈T/MB⌉ × ⌈N/NR⌉:                # 2. j fastest: a chunk keeps its A block hot;
       alloc Ct[MR, NR]                                        #    T = others·⌈M/MR⌉ row tiles, numbered (o, mt)
       for t in blk·MB ..< min((blk+1)·MB, T):                 #    the panel (K×NR) serves the block's MB tiles
-        (o, mt) = (t // ⌈M/MR⌉, t % ⌈M/MR⌉)                   #    (A block + panel ≤ ¾ L2)
+        (o, mt) = (t // ⌈M/MR⌉, t % ⌈M/MR⌉)                   #    (A block ≤ L1 size, ≥ 1 tile)
         for kc in 0..⌈K/KC⌉:                                  #    one call unless K·(MR+NR)·4 > L2/2
           call ukr(&Ap[o, mt, kc·KC, 0], &Bp[j, kc·KC, 0], &Ct, NR, min(KC, K − kc·KC), kc > 0)
         for ni in 0..min(NR, N − j·NR) vector<NR> masked:     # 3. the epilogue on the hot tile
@@ -173,10 +173,12 @@ def _pack_call(k: Kernel, target: Target, a_expr: Expr, red: Reduce, m_v: Var, M
 
 
 def choose_blocks(n_tiles: int, K: int, mr: int, nr: int, target: Target) -> tuple[int, int]:
-    """(MB row tiles per A block, KC). The A block (MB·K·MR floats) and one B panel (K·NR floats) fit ¾ of L2,
-    so a panel read once from L3 serves MB tiles. K is cut into KC blocks (the kernel's accumulate flag) only
-    when one tile's A and B slices, K·(MR+NR)·4 bytes, would not fit half of L2."""
-    mb = max(1, min(n_tiles, (target.l2_bytes * 3 // 4 - K * nr * 4) // (K * mr * 4)))
+    """(MB row tiles per A block, KC). The A block (MB·K·MR floats) is at most the L1 size (at least one tile):
+    a block sized for L2 next to its panel measured slower — gemm_1024 at 2 threads, MB = 1, 2, 4, 6, 11 (¾ of
+    L2): 10.70, 10.86, 11.08, 11.27, 11.33 ms — the panels stream from L3 well, while two large working sets
+    in L2 evict each other; conv_r50_3x3, resnet18 and bert_base were flat in MB. K is cut into KC blocks (the
+    kernel's accumulate flag) only when one tile's A and B slices, K·(MR+NR)·4 bytes, would not fit half of L2."""
+    mb = max(1, min(n_tiles, target.l1_bytes // (K * mr * 4)))
     kc = K
     if K * (mr + nr) * 4 > target.l2_bytes // 2:
         kc = max(64, target.l2_bytes // 2 // ((mr + nr) * 4) // 64 * 64)
@@ -321,8 +323,8 @@ def _nest(k: Kernel, c: Compute, tag: str, target: Target, threads: int, uk: UKe
             store = If(cmp("<", m_expr, _i(M)), [store])
         epilogue = Loop(ni, n_ext, [Loop(mi, _i(MR), [store], "unroll")], "vector", NR, masked=True)
 
-    # one parallel loop over (block of MB row tiles, j), j fastest: consecutive iterations share the A block
-    # (L2), and each iteration's panel serves the MB tiles of the block. Tiles are numbered across the other
+    # one parallel loop over (block of MB row tiles, j), j fastest: consecutive iterations share the A block,
+    # and each iteration's panel serves the MB tiles of the block. Tiles are numbered across the other
     # axes too (T = o·⌈M/MR⌉ + mt, the order of Ap), so a conv whose rows are single tiles still shares panels.
     flat, t = Var(f"ublock{tag}"), Var(f"ut{tag}")
     blk = flat // n_panels
