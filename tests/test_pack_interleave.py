@@ -5,7 +5,6 @@ vector widths, a K with a masked tail, and a last row tile that repeats row M−
 Tolerance: 1e-4 relative to the largest |output| (sums in another order than onnxruntime's)."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from conftest import C, check, op_model, rand
