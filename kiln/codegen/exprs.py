@@ -12,7 +12,7 @@ from llvmlite import ir
 
 from kiln.codegen.bounds import BoundsChecker
 from kiln.codegen.mathfn import VectorMath
-from kiln.kernel.analysis import coef, flat_index
+from kiln.kernel.analysis import coef, flat_index, unclamped_index
 from kiln.kernel.ir import Addr, Bin, Cast, Const, Expr, Load, LocalRef, Reduce, Select, Un, Var
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
@@ -56,6 +56,7 @@ class ExprEmitter:
         self.env: dict[str, ir.Value] = {}
         self.vec: VectorCtx | None = None
         self.bounds: BoundsChecker | None = None  # set in a bounds-checked (debug) build
+        self.preloaded: dict[Load, tuple[ir.Value, bool]] = {}  # loads already read (codegen/transpose.py)
 
     # -- helpers -------------------------------------------------------------------------------------------------
     def vtype(self, t: ir.Type) -> ir.Type:
@@ -108,7 +109,7 @@ class ExprEmitter:
             ptr, vec = self.local_slot(e.name, e.slot)
             return self.b.load(ptr, typ=ptr.allocated_type), vec
         if isinstance(e, Load):
-            return self.load(e)
+            return self.preloaded[e] if e in self.preloaded else self.load(e)
         if isinstance(e, Bin):
             return self.binary(e)
         if isinstance(e, Un):
@@ -221,32 +222,6 @@ class ExprEmitter:
         val = B.call(fn, [p, ir.Constant(I32, align), mask, fill])
         return B.shuffle_vector(val, val, ir.Constant(ir.VectorType(I32, n), [j * c for j in range(n)]))
 
-    @staticmethod
-    def unclamped_index(e: Select) -> tuple[Expr, ...] | None:
-        """For select(cond, X[…, clamp(i, lo, hi), …], c) whose cond has every clamp's two bounds tests as
-        conjuncts: X's index with the clamps removed (guarded_load's pattern); otherwise None."""
-        if not isinstance(e.a, Load) or not isinstance(e.b, Const):
-            return None
-        conj, stack = set(), [e.cond]
-        while stack:
-            x = stack.pop()
-            if isinstance(x, Bin) and x.op == "and":
-                stack += [x.a, x.b]
-            else:
-                conj.add(x)
-        index = []
-        for i in e.a.index:
-            if isinstance(i, Bin) and i.op == "min" and isinstance(i.a, Bin) and i.a.op == "max" \
-                    and isinstance(i.b, Const) and isinstance(i.a.b, Const):
-                inner, lo, hi = i.a.a, i.a.b.value, i.b.value
-                bounds = (Bin(">=", inner, Const(lo, "int64")), Bin("<", inner, Const(hi + 1, "int64")))
-                if any(b not in conj for b in bounds):
-                    return None
-                index.append(inner)
-            else:
-                index.append(i)
-        return tuple(index)
-
     def guarded_load(self, e: Select) -> tuple[ir.Value, bool] | None:
         """select(lo ≤ i ≤ hi ∧ …, X[…, clamp(i, lo, hi), …], c) — how padding reads its source — as one
         masked load of X at the unclamped, affine index, with c in the masked-off lanes.
@@ -273,7 +248,7 @@ class ExprEmitter:
     def guarded_access(self, e: Select) -> tuple[ir.Value, str, Expr, ir.Value] | None:
         """(buffer pointer, dtype, flat index, lane mask) when `e` is the padding pattern of guarded_load with a
         unit-stride (non-bool) source inside a vector loop, else None; the mask is the condition, per lane."""
-        index = self.unclamped_index(e) if self.vec is not None else None
+        index = unclamped_index(e) if self.vec is not None else None
         if index is None:
             return None
         ptr, dtype, flat = self.address(e.a.buf, index)

@@ -13,6 +13,7 @@ from kiln.codegen.loops import emit_loop
 from kiln.codegen.scalable import ScalableExprEmitter, loop_is_scalable, reduce_is_scalable
 from kiln.codegen.scalable import emit_vector_loop as emit_scalable_loop
 from kiln.codegen.scalable import emit_vector_reduce as emit_scalable_reduce
+from kiln.codegen.transpose import transposed_store_group
 from kiln.kernel.analysis import coef, flat_index
 from kiln.kernel.ir import (
     Alloc,
@@ -53,39 +54,6 @@ def declare_runtime(m: ir.Module) -> None:
     p = ir.GlobalVariable(m, I64, PARALLEL_GLOBAL)  # the function's address, as an integer
     p.initializer = ir.Constant(I64, 0)
     p.linkage = "internal"
-
-
-def interleave(b: ir.IRBuilder, vals: list[ir.Value], n: int) -> list[ir.Value]:
-    """R ≤ n vectors of n lanes → the R·n elements out[j·R + r] = vals[r][j], as R vectors of n lanes: the R×n
-    block (rows padded to n) is transposed by log2(n) butterfly stages of two-source shuffles — each swaps the
-    off-diagonal d×d blocks of every 2d×2d block, d = n/2 … 1 — then each output vector takes its lanes from
-    the (at most ⌈n/R⌉ + 1) columns it spans."""
-    R = len(vals)
-    vt = vals[0].type
-    poison = ir.Constant(vt, ir.Undefined)
-    rows = vals + [poison] * (n - R)
-    d = n // 2
-    while d >= 1:
-        lo = ir.Constant(ir.VectorType(I32, n), [k if not k & d else n + k - d for k in range(n)])
-        hi = ir.Constant(ir.VectorType(I32, n), [k + d if not k & d else n + k for k in range(n)])
-        nxt = list(rows)
-        for i in range(n):
-            if not i & d and not (rows[i] is poison and rows[i + d] is poison):
-                nxt[i] = b.shuffle_vector(rows[i], rows[i + d], lo)
-                nxt[i + d] = b.shuffle_vector(rows[i], rows[i + d], hi)
-        rows, d = nxt, d // 2
-    outs = []  # rows[c] now holds column c: lanes 0..R−1 are vals[0..R−1][c]
-    for q in range(R):
-        src = [divmod(q * n + e, R) for e in range(n)]  # (column, lane) of each output lane
-        cols = sorted({c for c, _ in src})
-        # the first column in place (lane e ← its lane ln), then one two-source shuffle per further column
-        acc = b.shuffle_vector(rows[cols[0]], poison, ir.Constant(ir.VectorType(I32, n), [
-            ln if c == cols[0] else 0 for c, ln in src]))
-        for col in cols[1:]:
-            acc = b.shuffle_vector(acc, rows[col], ir.Constant(ir.VectorType(I32, n), [
-                n + ln if c == col else e for e, (c, ln) in enumerate(src)]))
-        outs.append(acc)
-    return outs
 
 
 class KernelEmitter:
@@ -226,45 +194,6 @@ class KernelEmitter:
                       [vt, ir.VectorType(PTR, n), I32, mt1])
         b.call(fn, [val, ptrs, ir.Constant(I32, align), mask if mask is not None else ir.Constant(mt1, [1] * n)])
 
-    def interleaved_store(self, b: ir.IRBuilder, em: ExprEmitter, s: Loop) -> bool:
-        """An unrolled loop of R stores inside a fixed-width vector loop over v whose addresses interleave —
-        dst[… + v·R + r] = value_r, the pack of a row tile, Ap[k, r] = A[r, k] — fills R·lanes contiguous
-        elements: emit the R values, one shuffle that interleaves them (an in-register transpose) and one
-        contiguous store, instead of R scatters. Like LLVM's interleaved-access groups; False if not this form."""
-        R = int(s.extent.value)
-        if em.vec is None or em.bounds or isinstance(em, ScalableExprEmitter) or len(s.body) != 1 \
-                or not isinstance(s.body[0], Store) or not 2 <= R <= 16:
-            return False
-        st = s.body[0]
-        ptr, dtype, shape = em.buffers[st.buf]
-        flat = flat_index(st.index, shape)
-        n = em.vec.lanes
-        if dtype == "bool" or coef(flat, em.vec.var) != R or coef(flat, s.var) != 1 or R > n or n & (n - 1):
-            return False
-        vals = []
-        for it in range(R):
-            em.env[s.var.name] = ir.Constant(I64, it)
-            v, is_vec = em.ev(st.value)
-            vals.append(v if is_vec else em.splat(v))
-        em.env[s.var.name] = ir.Constant(I64, 0)
-        base = em._at_base(flat)
-        mt = MEMORY[dtype]
-        vt = ir.VectorType(mt, n)
-        wide = None
-        if em.vec.mask is not None:  # lane j's R elements are live where lane j is
-            wide = [j for j in range(n) for _ in range(R)]
-        for q, out in enumerate(interleave(b, vals, n)):
-            p = b.gep(ptr, [b.add(base, ir.Constant(I64, q * n))], source_etype=mt)
-            if wide is None:
-                b.store(out, p, align=elem_bytes(mt))
-                continue
-            m = b.shuffle_vector(em.vec.mask, ir.Constant(em.vec.mask.type, ir.Undefined),
-                                 ir.Constant(ir.VectorType(I32, n), wide[q * n:(q + 1) * n]))
-            b.call(em._decl(f"llvm.masked.store.v{n}{em._tname(mt)}.p0", ir.VoidType(),
-                            [vt, PTR, I32, ir.VectorType(ir.IntType(1), n)]),
-                   [out, p, ir.Constant(I32, elem_bytes(mt)), m])
-        return True
-
     def counted(self, b: ir.IRBuilder, lo: ir.Value, hi: ir.Value, step: int, body) -> None:  # noqa: ANN001
         """for (i = lo; i < hi; i += step) body(i)"""
         def one(i: ir.Value) -> ir.Value:
@@ -278,7 +207,7 @@ class KernelEmitter:
         lo = lo if lo is not None else ir.Constant(I64, 0)
         hi = hi if hi is not None else em.ev(s.extent)[0]
         if s.kind == "unroll" and isinstance(s.extent, Const):
-            if self.interleaved_store(b, em, s):
+            if not isinstance(em, ScalableExprEmitter) and transposed_store_group(b, em, s):  # transpose.py
                 return
             for it in range(int(s.extent.value)):
                 em.env[name] = ir.Constant(I64, it)

@@ -99,3 +99,29 @@ def _strip_loads(e: Expr) -> Expr:
                 memo[x] = rebuild(x, [go(k) for k in kids]) if kids else x
         return memo[x]
     return go(e)
+
+
+def unclamped_index(e: Select) -> tuple[Expr, ...] | None:
+    """For select(cond, X[…, clamp(i, lo, hi), …], c) whose cond has every clamp's two bounds tests as
+    conjuncts — how padding reads its source — X's index with the clamps removed; otherwise None."""
+    if not isinstance(e, Select) or not isinstance(e.a, Load) or not isinstance(e.b, Const):
+        return None
+    conj, stack = set(), [e.cond]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, Bin) and x.op == "and":
+            stack += [x.a, x.b]
+        else:
+            conj.add(x)
+    index = []
+    for i in e.a.index:
+        if isinstance(i, Bin) and i.op == "min" and isinstance(i.a, Bin) and i.a.op == "max" \
+                and isinstance(i.b, Const) and isinstance(i.a.b, Const):
+            inner, lo, hi = i.a.a, i.a.b.value, i.b.value
+            bounds = (Bin(">=", inner, Const(lo, "int64")), Bin("<", inner, Const(hi + 1, "int64")))
+            if any(b not in conj for b in bounds):
+                return None
+            index.append(inner)
+        else:
+            index.append(i)
+    return tuple(index)

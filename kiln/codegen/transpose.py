@@ -1,0 +1,177 @@
+"""Transposed access groups: an unrolled loop of R stores (and the loads they read) inside a fixed-width vector
+loop over v, where consecutive unrolled iterations touch consecutive elements and consecutive lanes are S ≥ R
+elements apart:
+
+    for v in 0..n vector<n>:                 # lanes: v, lane stride S
+      for r in 0..R unroll:                  # address stride 1
+        dst[… + v·S + r] = f(src[… + v·S' + r], …)
+
+Lane by lane that is a scatter (and a gather per such load). Across the R iterations each lane owns R
+contiguous elements, so the R vectors are transposed in registers instead (log2 W butterfly stages of
+two-source shuffles per block of W lanes): then
+  * S = R (the row-tile pack of a GEMM, Ap[k, r] = A[r, k]): the block is contiguous — R full-width stores;
+  * S > R (an NCHW conv whose tile is R pixels of a row × n output channels): lane c's R elements are one
+    short contiguous run — one store (masked to R elements) per lane, and the loads likewise.
+LLVM's own interleaved-access vectorization does the first for small factors; measured here the gather-based
+pack of gemm_1024 cost 1.0 ms at 1 thread, the transposed one 0.18."""
+from __future__ import annotations
+
+from llvmlite import ir
+
+from kiln.codegen.exprs import I32, I64, MEMORY, PTR, ExprEmitter, elem_bytes
+from kiln.kernel.analysis import coef, flat_index
+from kiln.kernel.ir import Load, Loop, Store, walk
+
+I1 = ir.IntType(1)
+BLOCK = 16  # lanes per transposed block: one AVX-512 register of f32
+
+
+def butterfly(b: ir.IRBuilder, rows: list[ir.Value], w: int) -> list[ir.Value]:
+    """Transpose a w×w block given as ≤ w row vectors of w lanes (missing rows are poison): each stage swaps the
+    off-diagonal d×d blocks of every 2d×2d block, d = w/2 … 1. Returns w rows; row c = the old column c."""
+    vt = rows[0].type
+    poison = ir.Constant(vt, ir.Undefined)
+    rows = list(rows) + [poison] * (w - len(rows))
+    d = w // 2
+    while d >= 1:
+        lo = ir.Constant(ir.VectorType(I32, w), [k if not k & d else w + k - d for k in range(w)])
+        hi = ir.Constant(ir.VectorType(I32, w), [k + d if not k & d else w + k for k in range(w)])
+        nxt = list(rows)
+        for i in range(w):
+            if not i & d and not (rows[i] is poison and rows[i + d] is poison):
+                nxt[i] = b.shuffle_vector(rows[i], rows[i + d], lo)
+                nxt[i + d] = b.shuffle_vector(rows[i], rows[i + d], hi)
+        rows, d = nxt, d // 2
+    return rows
+
+
+def interleave(b: ir.IRBuilder, vals: list[ir.Value], n: int) -> list[ir.Value]:
+    """R ≤ n vectors of n lanes (n a power of two) → the R·n elements out[j·R + r] = vals[r][j], as R vectors of
+    n lanes: the R×n block is transposed, then each output vector takes its lanes from the (at most ⌈n/R⌉ + 1)
+    columns it spans, one two-source shuffle per column."""
+    R = len(vals)
+    poison = ir.Constant(vals[0].type, ir.Undefined)
+    cols = butterfly(b, vals, n)
+    outs = []
+    for q in range(R):
+        src = [divmod(q * n + e, R) for e in range(n)]  # (column, lane) of each output lane
+        need = sorted({c for c, _ in src})
+        acc = b.shuffle_vector(cols[need[0]], poison, ir.Constant(ir.VectorType(I32, n), [
+            ln if c == need[0] else 0 for c, ln in src]))
+        for col in need[1:]:
+            acc = b.shuffle_vector(acc, cols[col], ir.Constant(ir.VectorType(I32, n), [
+                n + ln if c == col else e for e, (c, ln) in enumerate(src)]))
+        outs.append(acc)
+    return outs
+
+
+def _split(b: ir.IRBuilder, v: ir.Value, n: int, w: int) -> list[ir.Value]:
+    if n == w:
+        return [v]
+    poison = ir.Constant(v.type, ir.Undefined)
+    return [b.shuffle_vector(v, poison, ir.Constant(ir.VectorType(I32, w), list(range(h * w, (h + 1) * w))))
+            for h in range(n // w)]
+
+
+def _concat(b: ir.IRBuilder, parts: list[ir.Value]) -> ir.Value:
+    w = parts[0].type.count
+    while len(parts) > 1:
+        parts = [b.shuffle_vector(parts[i], parts[i + 1], ir.Constant(ir.VectorType(I32, 2 * w), list(range(2 * w))))
+                 for i in range(0, len(parts), 2)]
+        w *= 2
+    return parts[0]
+
+
+def _lane_active(b: ir.IRBuilder, em: ExprEmitter, c: int, run: ir.Constant) -> ir.Value:
+    """The mask of lane c's run: the R-element prefix, off entirely when lane c is off (a remainder)."""
+    if em.vec.mask is None:
+        return run
+    on = b.extract_element(em.vec.mask, ir.Constant(I32, c))
+    return b.and_(run, b.shuffle_vector(b.insert_element(ir.Constant(run.type, ir.Undefined), on,
+                                                         ir.Constant(I32, 0)),
+                                        ir.Constant(run.type, ir.Undefined),
+                                        ir.Constant(ir.VectorType(I32, run.type.count), [0] * run.type.count)))
+
+
+def _transposed_load(b: ir.IRBuilder, em: ExprEmitter, ld: Load, r_name: str, R: int, S: int) -> list[ir.Value]:
+    """The R row vectors (n lanes) of a load whose lane c reads R contiguous elements at base + c·S."""
+    ptr, dtype, shape = em.buffers[ld.buf]
+    mt = MEMORY[dtype]
+    n, w = em.vec.lanes, min(em.vec.lanes, BLOCK)
+    em.env[r_name] = ir.Constant(I64, 0)
+    base = em._at_base(flat_index(ld.index, shape))
+    vt = ir.VectorType(mt, w)
+    run = ir.Constant(ir.VectorType(I1, w), [1 if i < R else 0 for i in range(w)])
+    fn = em._decl(f"llvm.masked.load.v{w}{em._tname(mt)}.p0", vt, [PTR, I32, ir.VectorType(I1, w), vt])
+    blocks = []
+    for h in range(n // w):
+        cols = []
+        for c in range(h * w, (h + 1) * w):
+            p = b.gep(ptr, [b.add(base, ir.Constant(I64, c * S))], source_etype=mt)
+            cols.append(b.call(fn, [p, ir.Constant(I32, elem_bytes(mt)), _lane_active(b, em, c, run),
+                                    ir.Constant(vt, None)]))
+        blocks.append(butterfly(b, cols, w)[:R])
+    return [_concat(b, [blk[r] for blk in blocks]) for r in range(R)]
+
+
+def transposed_store_group(b: ir.IRBuilder, em: ExprEmitter, s: Loop) -> bool:
+    """Emit `s` (an unrolled loop of one Store) as a transposed group if it has that form; False otherwise."""
+    R = int(s.extent.value)
+    if em.vec is None or em.bounds or len(s.body) != 1 or not isinstance(s.body[0], Store) or not 2 <= R <= BLOCK:
+        return False
+    st = s.body[0]
+    ptr, dtype, shape = em.buffers[st.buf]
+    flat = flat_index(st.index, shape)
+    n = em.vec.lanes
+    S = coef(flat, em.vec.var)
+    if dtype == "bool" or S is None or S < R or coef(flat, s.var) != 1 or R > n or n & (n - 1):
+        return False
+    w = min(n, BLOCK)
+    if S > R and n % w:
+        return False
+    # loads of the same form are read transposed too, once for all R iterations
+    pre: dict[Load, list[ir.Value]] = {}
+    if S > R:
+        for ld in {e for e in walk(st.value) if isinstance(e, Load)}:
+            f = flat_index(ld.index, em.buffers[ld.buf][2])
+            s_ld = coef(f, em.vec.var)
+            if em.buffers[ld.buf][1] != "bool" and coef(f, s.var) == 1 and s_ld is not None and s_ld >= R:
+                pre[ld] = _transposed_load(b, em, ld, s.var.name, R, s_ld)
+    vals = []
+    for it in range(R):
+        em.env[s.var.name] = ir.Constant(I64, it)
+        em.preloaded = {ld: (rows[it], True) for ld, rows in pre.items()}
+        try:
+            v, is_vec = em.ev(st.value)
+        finally:
+            em.preloaded = {}
+        vals.append(v if is_vec else em.splat(v))
+    em.env[s.var.name] = ir.Constant(I64, 0)
+    base = em._at_base(flat)
+    mt = MEMORY[dtype]
+    align = elem_bytes(mt)
+    if S == R:  # one contiguous block of R·n elements
+        vt = ir.VectorType(mt, n)
+        wide = [j for j in range(n) for _ in range(R)]
+        for q, out in enumerate(interleave(b, vals, n)):
+            p = b.gep(ptr, [b.add(base, ir.Constant(I64, q * n))], source_etype=mt)
+            if em.vec.mask is None:
+                b.store(out, p, align=align)
+                continue
+            m = b.shuffle_vector(em.vec.mask, ir.Constant(em.vec.mask.type, ir.Undefined),
+                                 ir.Constant(ir.VectorType(I32, n), wide[q * n:(q + 1) * n]))
+            b.call(em._decl(f"llvm.masked.store.v{n}{em._tname(mt)}.p0", ir.VoidType(),
+                            [vt, PTR, I32, ir.VectorType(I1, n)]), [out, p, ir.Constant(I32, align), m])
+        return True
+    # S > R: lane c's R results are one contiguous run at base + c·S
+    vt = ir.VectorType(mt, w)
+    run = ir.Constant(ir.VectorType(I1, w), [1 if i < R else 0 for i in range(w)])
+    store = em._decl(f"llvm.masked.store.v{w}{em._tname(mt)}.p0", ir.VoidType(), [vt, PTR, I32, ir.VectorType(I1, w)])
+    halves = [_split(b, v, n, w) for v in vals]
+    for h in range(n // w):
+        cols = butterfly(b, [parts[h] for parts in halves], w)
+        for i, col in enumerate(cols):
+            c = h * w + i
+            p = b.gep(ptr, [b.add(base, ir.Constant(I64, c * S))], source_etype=mt)
+            b.call(store, [col, p, ir.Constant(I32, align), _lane_active(b, em, c, run)])
+    return True
