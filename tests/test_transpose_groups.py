@@ -9,7 +9,6 @@ Tolerance: 1e-4 relative to the largest |output| (sums in another order than onn
 from __future__ import annotations
 
 import pytest
-
 from onnx import helper
 
 from conftest import C, check, make_model, op_model, rand
