@@ -309,6 +309,9 @@ class KernelEmitter:
         per = b.select(b.icmp_signed(">", by_work, per), by_work, per)
         most = b.mul(nt, ir.Constant(I64, MAX_CHUNKS_PER_THREAD))
         per = b.select(b.icmp_signed(">", per, most), most, per)
+        # a multiple of the thread count: 9 equal chunks on 2 threads leave one idle for a ninth of the loop
+        # (conv_r50_3x3: 9 chunks 1.168 ms, 8 chunks 1.083)
+        per = b.mul(b.sdiv(b.add(per, b.sub(nt, ir.Constant(I64, 1))), nt), nt)
         size = b.sdiv(b.add(total, b.sub(per, ir.Constant(I64, 1))), per)
         size = b.select(b.icmp_signed(">", size, ir.Constant(I64, 0)), size, ir.Constant(I64, 1))
         chunks = b.sdiv(b.add(total, b.sub(size, ir.Constant(I64, 1))), size)
