@@ -39,6 +39,7 @@ class Target:
     vector_bits: int         # width of one vector register
     vector_registers: int    # architectural vector registers
     has_fma: bool = True
+    fma_chains: int = 8      # independent FMA chains that keep the FMA pipes busy (latency 4 × 2 pipes)
     scalable: bool = False   # SVE / RVV: vector_bits is the minimum
     l1_bytes: int = 32 * 1024
     l2_bytes: int = 1024 * 1024

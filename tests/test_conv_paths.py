@@ -5,20 +5,27 @@ depthwise convs that read their padding through masked loads instead of a padded
 Tolerance: 1e-4 relative to the largest |output| (reductions summed in another order than onnxruntime's)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from conftest import C, check, make_model, op_model, rand
 from kiln.compiler import lower
 from kiln.schedule.tile import choose_tile
-from kiln.target import resolve
+from kiln.target import Target, resolve
 
 TOL = 1e-4
 
 
-def _lowered(x: tuple[int, ...], w: tuple[int, ...], attrs: dict):
+def _lowered(x: tuple[int, ...], w: tuple[int, ...], attrs: dict, target: Target | None = None):
     model, _ = op_model("Conv", [rand(*x, seed=1), C(rand(*w, seed=2)), C(rand(w[0], seed=3))], attrs)
-    return lower(model, resolve("host"), 2, {}, stop_after="kernels")
+    return lower(model, target or resolve("host"), 2, {}, stop_after="kernels")
+
+
+def _x86(bits: int, regs: int) -> Target:
+    """The host's ISA described with another register file (tile choices only: nothing is run)."""
+    return replace(resolve("host"), name=f"x86-{bits}", vector_bits=bits, vector_registers=regs)
 
 
 # (x shape, w shape, attrs, goes by channels)
@@ -43,16 +50,30 @@ def test_dense_conv_paths(case: str) -> None:
     check(model, feeds, TOL)
 
 
-def test_overlapping_taps_shrink_the_tile() -> None:
-    """A 3×3 conv by channels: rows i and i+1 share pixels across taps, so MR stays ≤ 7 (14 spilled)."""
-    c = _lowered((1, 16, 14, 14), (64, 16, 3, 3), {"pads": [1, 1, 1, 1]})
+def _tile(c, target: Target):  # noqa: ANN001, ANN202
     k = next(k for k in c.program.kernels if "packedconv" in k.name)
-    t = choose_tile(k, k.computes[-1], resolve("host"))
-    assert t is not None and t.mr * (t.nr // t.lanes) <= 14 and 14 % t.mr == 0
-    c1 = _lowered((1, 512, 7, 9), (64, 512, 1, 1), {})
-    k1 = next(k for k in c1.program.kernels if "packedconv" in k.name)
-    t1 = choose_tile(k1, k1.computes[-1], resolve("host"))
-    assert t1 is not None and t1.mr > 7  # 1×1: no overlap, the full register budget
+    return choose_tile(k, k.computes[-1], target)
+
+
+def test_overlapping_taps_shrink_the_tile() -> None:
+    """A 3×3 conv by channels on 32 registers (AVX-512): rows i and i+1 share pixels across taps, so MR stays ≤ 7
+    (14 spilled) and divides the 14-pixel rows; a 1×1 conv has no overlap and takes the full register budget."""
+    t512 = _x86(512, 32)
+    t = _tile(_lowered((1, 16, 14, 14), (64, 16, 3, 3), {"pads": [1, 1, 1, 1]}, t512), t512)
+    assert t is not None and t.mr * (t.nr // t.lanes) <= 14 and 14 % t.mr == 0 and not t.channels_innermost
+    t1 = _tile(_lowered((1, 512, 7, 9), (64, 512, 1, 1), {}, t512), t512)
+    assert t1 is not None and t1.mr > 7
+
+
+def test_few_registers_put_channels_innermost() -> None:
+    """On 16 registers (AVX2) the taps cannot share broadcasts: the input channels go innermost and the tile is
+    the classic 6×16, its rows running on over the ends of the 14-pixel output rows (no 6+6+2 edge tiles)."""
+    t256 = _x86(256, 16)
+    t = _tile(_lowered((1, 16, 14, 14), (64, 16, 3, 3), {"pads": [1, 1, 1, 1]}, t256), t256)
+    assert t is not None and t.channels_innermost and t.flatten_rows and (t.mr, t.nr) == (6, 16)
+    model, feeds = op_model("Conv", [rand(1, 48, 14, 14, seed=1), C(rand(64, 48, 3, 3, seed=2)), C(rand(64, seed=3))],
+                            {"pads": [1, 1, 1, 1]})
+    check(model, feeds, TOL)  # Ci = 48: channel blocks of 16
 
 
 # (x shape, w shape, attrs): depthwise, stride 1, padded

@@ -4,6 +4,8 @@ output over it. Outputs checked against onnxruntime (tolerance 1e-4 relative: th
 differently), placements checked in the plan."""
 from __future__ import annotations
 
+import re
+
 from onnx import helper
 
 from conftest import check, make_model, rand
@@ -18,8 +20,10 @@ def _plan(model):
 
 
 def _place(plan, value: str):
-    """The placement of the graph value named `value` (the importer names values `Op:name.N`)."""
-    (p,) = [p for k, p in plan.places.items() if k.split(":")[-1].rsplit(".", 1)[0] == value]
+    """The placement of the graph value named `value` (the importer names values `Op:name.N`; the blocked
+    layout's twin of a value `Op:name.N.blocked.M`, graph/passes/block_layout.py)."""
+    (p,) = [p for k, p in plan.places.items()
+            if re.sub(r"\.blocked\.\d+$", "", k.split(":")[-1]).rsplit(".", 1)[0] == value]
     return p
 
 

@@ -20,7 +20,7 @@ from llvmlite import ir
 
 from kiln.codegen.exprs import I32, I64, MEMORY, PTR, ExprEmitter, elem_bytes
 from kiln.kernel.analysis import coef, flat_index
-from kiln.kernel.ir import Load, Loop, Store, walk
+from kiln.kernel.ir import Bin, Const, Expr, If, Load, Loop, Store, uses_var, walk
 
 I1 = ir.IntType(1)
 BLOCK = 16  # lanes per transposed block: one AVX-512 register of f32
@@ -93,7 +93,20 @@ def _lane_active(b: ir.IRBuilder, em: ExprEmitter, c: int, run: ir.Constant) -> 
                                         ir.Constant(ir.VectorType(I32, run.type.count), [0] * run.type.count)))
 
 
-def _transposed_load(b: ir.IRBuilder, em: ExprEmitter, ld: Load, r_name: str, R: int, S: int) -> list[ir.Value]:
+def _run_mask(b: ir.IRBuilder, em: ExprEmitter, R: int, w: int, guard: tuple[Expr, int] | None) -> ir.Value:
+    """Which of a lane's w run elements are written: the first R — and of those, with a row guard
+    `if m(r) < M` (m affine in r with step 1), the first M − m(0)."""
+    prefix = ir.Constant(ir.VectorType(I1, w), [1 if i < R else 0 for i in range(w)])
+    if guard is None:
+        return prefix
+    m0, _ = em.ev(guard[0])
+    rows = b.sub(ir.Constant(I64, guard[1]), m0)
+    idx = ir.Constant(ir.VectorType(I64, w), list(range(w)))
+    return b.and_(prefix, b.icmp_signed("<", idx, em.splat(rows, w)))
+
+
+def _transposed_load(b: ir.IRBuilder, em: ExprEmitter, ld: Load, r_name: str, R: int, S: int,
+                     run: ir.Value) -> list[ir.Value]:
     """The R row vectors (n lanes) of a load whose lane c reads R contiguous elements at base + c·S."""
     ptr, dtype, shape = em.buffers[ld.buf]
     mt = MEMORY[dtype]
@@ -101,7 +114,6 @@ def _transposed_load(b: ir.IRBuilder, em: ExprEmitter, ld: Load, r_name: str, R:
     em.env[r_name] = ir.Constant(I64, 0)
     base = em._at_base(flat_index(ld.index, shape))
     vt = ir.VectorType(mt, w)
-    run = ir.Constant(ir.VectorType(I1, w), [1 if i < R else 0 for i in range(w)])
     fn = em._decl(f"llvm.masked.load.v{w}{em._tname(mt)}.p0", vt, [PTR, I32, ir.VectorType(I1, w), vt])
     blocks = []
     for h in range(n // w):
@@ -114,12 +126,28 @@ def _transposed_load(b: ir.IRBuilder, em: ExprEmitter, ld: Load, r_name: str, R:
     return [_concat(b, [blk[r] for blk in blocks]) for r in range(R)]
 
 
-def transposed_store_group(b: ir.IRBuilder, em: ExprEmitter, s: Loop) -> bool:
-    """Emit `s` (an unrolled loop of one Store) as a transposed group if it has that form; False otherwise."""
-    R = int(s.extent.value)
-    if em.vec is None or em.bounds or len(s.body) != 1 or not isinstance(s.body[0], Store) or not 2 <= R <= BLOCK:
-        return False
+def _row_guard(s: Loop) -> tuple[Store, tuple[Expr, int] | None] | None:
+    """The loop's one store, and its row guard (m, M) when it is `if m < M: store` with m = m0 + r."""
+    if len(s.body) != 1:
+        return None
     st = s.body[0]
+    if isinstance(st, Store):
+        return st, None
+    if isinstance(st, If) and not st.orelse and len(st.body) == 1 and isinstance(st.body[0], Store) \
+            and isinstance(st.cond, Bin) and st.cond.op == "<" and isinstance(st.cond.b, Const) \
+            and coef(st.cond.a, s.var) == 1:
+        return st.body[0], (st.cond.a, int(st.cond.b.value))
+    return None
+
+
+def transposed_store_group(b: ir.IRBuilder, em: ExprEmitter, s: Loop) -> bool:
+    """Emit `s` (an unrolled loop of one Store, or of one row-guarded Store — a tile's edge rows) as a transposed
+    group if it has that form; False otherwise."""
+    R = int(s.extent.value)
+    found = _row_guard(s)
+    if em.vec is None or em.bounds or found is None or not 2 <= R <= BLOCK:
+        return False
+    st, guard = found
     ptr, dtype, shape = em.buffers[st.buf]
     flat = flat_index(st.index, shape)
     n = em.vec.lanes
@@ -127,16 +155,22 @@ def transposed_store_group(b: ir.IRBuilder, em: ExprEmitter, s: Loop) -> bool:
     if dtype == "bool" or S is None or S < R or coef(flat, s.var) != 1 or R > n or n & (n - 1):
         return False
     w = min(n, BLOCK)
-    if S > R and n % w:
+    if (S > R and n % w) or (S == R and guard is not None):
         return False
-    # loads of the same form are read transposed too, once for all R iterations
-    pre: dict[Load, list[ir.Value]] = {}
+    # loads of the same form are read transposed too, once for all R iterations (rows past a guard not at all)
+    same_form: dict[Load, int] = {}
+    loads = {e for e in walk(st.value) if isinstance(e, Load)}
     if S > R:
-        for ld in {e for e in walk(st.value) if isinstance(e, Load)}:
+        for ld in loads:
             f = flat_index(ld.index, em.buffers[ld.buf][2])
             s_ld = coef(f, em.vec.var)
             if em.buffers[ld.buf][1] != "bool" and coef(f, s.var) == 1 and s_ld is not None and s_ld >= R:
-                pre[ld] = _transposed_load(b, em, ld, s.var.name, R, s_ld)
+                same_form[ld] = s_ld
+    if guard is not None and any(uses_var(ld, s.var) for ld in loads - set(same_form)):
+        return False  # a guarded row's other loads could read out of bounds
+    em.env[s.var.name] = ir.Constant(I64, 0)
+    run = _run_mask(b, em, R, w, guard)
+    pre = {ld: _transposed_load(b, em, ld, s.var.name, R, s_ld, run) for ld, s_ld in same_form.items()}
     vals = []
     for it in range(R):
         em.env[s.var.name] = ir.Constant(I64, it)
@@ -165,7 +199,6 @@ def transposed_store_group(b: ir.IRBuilder, em: ExprEmitter, s: Loop) -> bool:
         return True
     # S > R: lane c's R results are one contiguous run at base + c·S
     vt = ir.VectorType(mt, w)
-    run = ir.Constant(ir.VectorType(I1, w), [1 if i < R else 0 for i in range(w)])
     store = em._decl(f"llvm.masked.store.v{w}{em._tname(mt)}.p0", ir.VoidType(), [vt, PTR, I32, ir.VectorType(I1, w)])
     halves = [_split(b, v, n, w) for v in vals]
     for h in range(n // w):

@@ -187,12 +187,36 @@ def _conv_shape(ts: list[TensorType], a: dict) -> list[TensorType]:
 
 
 OPS["Conv"] = OpDef(_conv_shape, None, "anchor")
-OPS["Pool"] = OpDef(lambda ts, a: [TensorType(ts[0].dtype,
-                                              ts[0].shape[:2] + _spatial_out(ts[0].shape, a["kernel"], a))],
+OPS["Pool"] = OpDef(lambda ts, a: [TensorType(ts[0].dtype, ts[0].shape[:2] + _spatial_out(ts[0].shape, a["kernel"], a)
+                                              + ts[0].shape[2 + len(a["kernel"]):])],  # + the channel block
                     None, "anchor")
 OPS["MaxPoolIndex"] = OpDef(lambda ts, a: [TensorType("int64",
                                                       ts[0].shape[:2] + _spatial_out(ts[0].shape, a["kernel"], a))],
                             None, "anchor")
+
+
+# -- the blocked channel layout (graph/passes/block_layout.py): x[N, C, H, W] ⇔ xb[N, C/cb, H, W, cb] -----------
+def to_blocked(x: np.ndarray, cb: int) -> np.ndarray:
+    n, c = x.shape[:2]
+    return np.ascontiguousarray(np.moveaxis(x.reshape((n, c // cb, cb) + x.shape[2:]), 2, -1))
+
+
+def from_blocked(x: np.ndarray) -> np.ndarray:
+    n, cbs, cb = x.shape[0], x.shape[1], x.shape[-1]
+    return np.ascontiguousarray(np.moveaxis(x, -1, 2).reshape((n, cbs * cb) + x.shape[2:-1]))
+
+
+def _to_blocked_shape(ts: list[TensorType], a: dict) -> list[TensorType]:
+    s, cb = ts[0].shape, a["cb"]
+    if len(s) < 3 or s[1] % cb:
+        raise ModelError(f"ToBlocked: {s} has no channel axis divisible by {cb}")
+    return [TensorType(ts[0].dtype, (s[0], s[1] // cb) + s[2:] + (cb,))]
+
+
+OPS["ToBlocked"] = OpDef(_to_blocked_shape, lambda xs, a: [to_blocked(xs[0], a["cb"])], "data")
+OPS["FromBlocked"] = OpDef(lambda ts, a: [TensorType(ts[0].dtype, (ts[0].shape[0], ts[0].shape[1] * ts[0].shape[-1])
+                                                     + ts[0].shape[2:-1])],
+                           lambda xs, a: [from_blocked(xs[0])], "data")
 
 
 def _conv_transpose_shape(ts: list[TensorType], a: dict) -> list[TensorType]:

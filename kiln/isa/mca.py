@@ -13,6 +13,7 @@ is passed as `# LLVM-MCA-RISCV-LMUL` / `# LLVM-MCA-RISCV-SEW` comments; no llvm-
 """
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 from dataclasses import dataclass
@@ -31,10 +32,19 @@ _LABEL = re.compile(r"^([.\w$]+):")
 _FUNC_TYPE = re.compile(r"^\s*\.type\s+([\w.$]+),\s*[@%]function")
 
 
+MIN_MCA_VERSION = 17  # -skip-unsupported-instructions, and the znver4 / neoverse-v2 / spacemit-x60 models
+
+
+@functools.cache
 def mca_tool() -> str:
     tool = find_tool("llvm-mca-22", "llvm-mca")
     if tool is None:
         raise ToolMissing("llvm-mca not found (apt-get install llvm-22)")
+    out = subprocess.run([tool, "--version"], capture_output=True, text=True).stdout
+    m = re.search(r"LLVM version (\d+)", out)
+    if m is None or int(m.group(1)) < MIN_MCA_VERSION:
+        raise ToolMissing(f"{tool} is LLVM {m.group(1) if m else '?'}; the ISA analysis needs llvm-mca "
+                          f"≥ {MIN_MCA_VERSION} (apt-get install llvm-22)")
     return tool
 
 

@@ -40,14 +40,33 @@ def flat_index(index: tuple[Expr, ...], shape: tuple[int, ...]) -> Expr:
     higher rank is already linear (what `fuse_contiguous_axes` writes)."""
     if len(index) == 1 and len(shape) != 1:
         return index[0]
-    flat: Expr | None = None
+    terms: list[tuple[Expr, int]] = []  # (index, stride), innermost first
     stride = 1
     for i, d in reversed(list(zip(index, shape))):
         if d != 1 and not (isinstance(i, Const) and i.value == 0):
-            term = i if stride == 1 else i * stride
-            flat = term if flat is None else term + flat
+            terms.append((i, stride))
         stride *= d
+    terms = _fold_div_mod(terms)
+    flat: Expr | None = None
+    for i, s in terms:
+        term = i if s == 1 else i * s
+        flat = term if flat is None else term + flat
     return flat if flat is not None else Const(0, "int64")
+
+
+def _fold_div_mod(terms: list[tuple[Expr, int]]) -> list[tuple[Expr, int]]:
+    """(x // c)·(c·s) + (x % c)·s → x·s: an axis split into (x // c, x % c) and linearized back (a conv tile
+    whose rows run over output-row ends: flatten_rows)."""
+    out = list(terms)
+    for j, (e, s) in enumerate(out):
+        if not (isinstance(e, Bin) and e.op == "%" and isinstance(e.b, Const)):
+            continue
+        for i, (q, sq) in enumerate(out):
+            if isinstance(q, Bin) and q.op == "//" and q.a == e.a and q.b == e.b and sq == s * int(e.b.value):
+                out[j] = (e.a, s)
+                del out[i]
+                return _fold_div_mod(out)
+    return out
 
 
 def fuse_contiguous_axes(c: Compute, shape_of: Callable[[str], tuple[int, ...]]) -> Compute:
@@ -73,7 +92,8 @@ def fuse_contiguous_axes(c: Compute, shape_of: Callable[[str], tuple[int, ...]])
             break
         store = rewritten.pop(Load(c.out, c.store_index))
         body = substitute(c.body, rewritten)
-        c = Compute(c.out, c.axes[:-2] + (f,), c.extents[:-2] + (c.extents[-2] * B,), body, store.index, c.hints)
+        hints = {k: v for k, v in c.hints.items() if k != "spatial"}  # the rows are fused already
+        c = Compute(c.out, c.axes[:-2] + (f,), c.extents[:-2] + (c.extents[-2] * B,), body, store.index, hints)
     return c
 
 

@@ -338,12 +338,12 @@ def lower_matmul(n: Node) -> Lowered:
 
 def _padded(x: Value, pads: tuple[int, ...], value: float,
             name: str) -> tuple[Compute | None, Buffer | None, str]:
-    """A zero/-inf padded copy of NCHW `x` (spatial pads only), so windows read in bounds with affine
-    indices."""
-    nd = len(x.shape) - 2
+    """A zero/-inf padded copy of NCHW `x` (spatial pads only; a blocked NCHW[cb]c `x` keeps its trailing
+    channel block), so windows read in bounds with affine indices."""
+    nd = len(pads) // 2
     if not any(pads):
         return None, None, x.name
-    shape = x.shape[:2] + tuple(x.shape[2 + i] + pads[i] + pads[i + nd] for i in range(nd))
+    shape = x.shape[:2] + tuple(x.shape[2 + i] + pads[i] + pads[i + nd] for i in range(nd)) + x.shape[2 + nd:]
     buf = Buffer(name, x.dtype, shape)
     ax = axes_for(shape, "p")
     src = [ax[0], ax[1]] + [ax[2 + i] - pads[i] for i in range(nd)]
@@ -351,7 +351,7 @@ def _padded(x: Value, pads: tuple[int, ...], value: float,
     for i in range(nd):
         c = Bin("and", cmp(">=", src[2 + i], 0), cmp("<", src[2 + i], x.shape[2 + i]))
         inside = c if inside is None else Bin("and", inside, c)
-    safe = tuple(src[:2] + [clamp(src[2 + i], 0, x.shape[2 + i] - 1) for i in range(nd)])
+    safe = tuple(src[:2] + [clamp(src[2 + i], 0, x.shape[2 + i] - 1) for i in range(nd)]) + ax[2 + nd:]
     body = Select(inside, Load(x.name, safe, x.dtype), Const(value, x.dtype))
     return Compute(name, ax, shape, body), buf, name
 
@@ -425,13 +425,13 @@ def lower_conv_transpose(n: Node) -> Lowered:
 @lowering("Pool")
 def lower_pool(n: Node) -> Lowered:
     (x,), (y, ax), a = n.inputs, _out(n), n.attrs
-    nd = len(x.shape) - 2
+    nd = len(a["kernel"])  # a blocked x[N, C/cb, H, W, cb] has one trailing axis more
     kind = a["kind"]
     fill = -np.inf if kind == "max" else 0.0
     pre, tmp, src = _padded(x, a["pads"], fill, f"{y.name}.pad")
     ks = tuple(Var(f"rk{i}") for i in range(nd))
     sp = tuple(ax[2 + i] * a["strides"][i] + ks[i] * a["dilations"][i] for i in range(nd))
-    xs = Load(src, (ax[0], ax[1]) + sp, x.dtype)
+    xs = Load(src, (ax[0], ax[1]) + sp + ax[2 + nd:], x.dtype)
     window = tuple(zip(ks, a["kernel"]))
     if kind == "max":
         body: Expr = Reduce("max", window, xs)
@@ -455,6 +455,15 @@ def lower_pool(n: Node) -> Lowered:
             count = c if count is None else count * c
         body = Reduce("sum", window, xs) / Cast(x.dtype, count)
     return Lowered(([pre] if pre else []) + [Compute(y.name, ax, y.shape, body)], [tmp] if tmp else [])
+
+
+@lowering("FromBlocked")
+def lower_from_blocked(n: Node) -> Lowered:
+    """x[n, c, …] = xb[n, c // cb, …, c % cb] (graph/passes/block_layout.py)."""
+    (xb,), (y, ax) = n.inputs, _out(n)
+    cb = xb.shape[-1]
+    return Lowered([Compute(y.name, ax, y.shape, Load(xb.name, (ax[0], ax[1] // cb) + ax[2:] + (ax[1] % cb,),
+                                                        xb.dtype))])
 
 
 @lowering("MaxPoolIndex")

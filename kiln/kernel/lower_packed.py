@@ -1,4 +1,5 @@
-"""Lowerings of the packed anchors (see graph/passes/pack_weights.py): weights read from their panels."""
+"""Lowerings of the packed anchors (see graph/passes/pack_weights.py and block_layout.py): weights read from
+their panels, activations in NCHW or in the blocked layout xb[N, C/cb, H, W, cb]."""
 from __future__ import annotations
 
 from kiln.graph.ir import Node
@@ -18,21 +19,54 @@ def lower_packed_matmul(n: Node) -> Lowered:
 
 @lowering("PackedConv")
 def lower_packed_conv(n: Node) -> Lowered:
-    """out[b, co, oh, ow] = Σ X[b, ci, oh·s + kh·d, ow·s + kw·d] · Wp[co // NR, ci, kh, kw, co % NR] (+ bias):
-    the tile runs its vectors over co (n axis 1) and its rows over the last spatial axis."""
+    """out[b, co, oh, ow] = Σ X[b, ci, oh·s + kh·d, ow·s + kw·d] · W[co, ci, kh, kw] (+ bias), with
+
+      weights  Wp[co // NR, ci, kh, kw, co % NR], or Wp[co // NR, ci // cb, kh, kw, ci % cb, co % NR] for a
+               blocked input (reduction order: input-channel blocks, taps, channels in the block), or
+               Wd[c // NR, kh, kw, c % NR] for a depthwise conv (blocked in and out);
+      input    X[b, ci, ih, iw] or Xb[b, ci // cb, ih, iw, ci % cb];
+      output   out[b, co, oh, ow] (vectors over co: n axis 1) or out[b, co // NR, oh, ow, co % NR] (n axis last).
+
+    The tile's rows run over the output row (m axis ow); `spatial` names (oh, ow) for tiles that cross rows."""
     x, wp = n.inputs[0], n.inputs[1]
     y, ax = _out(n)
     a = n.attrs
-    nd = len(x.shape) - 2
-    nr, co = a["nr"], ax[1]
+    nr, ib, ob = a["nr"], a.get("in_block", 0), a.get("out_block", 0)
+    nd = len(a["kernel"])
+    depthwise = a["group"] > 1
+    b, sp_out = ax[0], ax[2:2 + nd]
+    if ob:
+        cob, coi = ax[1], ax[-1]
+        co: Expr = cob * nr + coi
+    else:
+        co = ax[1]
+        cob, coi = co // nr, co % nr
     pre, tmp, src = _padded(x, a["pads"], 0.0, f"{y.name}.pad")
-    ci = Var("rc")
     ks = tuple(Var(f"rk{i}") for i in range(nd))
-    sp = tuple(ax[2 + i] * a["strides"][i] + ks[i] * a["dilations"][i] for i in range(nd))
-    xs = Load(src, (ax[0], ci) + sp, x.dtype)
-    w = Load(wp.name, (co // nr, ci) + ks + (co % nr,), wp.dtype)
-    body: Expr = Reduce("sum", ((ci, x.shape[1]),) + tuple(zip(ks, a["kernel"])), xs * w)
+    sp = tuple(sp_out[i] * a["strides"][i] + ks[i] * a["dilations"][i] for i in range(nd))
+    taps = tuple(zip(ks, a["kernel"]))
+    if depthwise:  # blocked in and out: channel co = (cob, coi) of the input too
+        xs = Load(src, (b, cob) + sp + (coi,), x.dtype)
+        w = Load(wp.name, (cob,) + ks + (coi,), wp.dtype)
+        axes = taps
+    elif ib:
+        cib, cii = Var("rcb"), Var("rc")
+        xs = Load(src, (b, cib) + sp + (cii,), x.dtype)
+        w = Load(wp.name, (cob, cib) + ks + (cii, coi), wp.dtype)
+        axes = ((cib, x.shape[1]),) + taps + ((cii, ib),)
+    else:
+        ci = Var("rc")
+        xs = Load(src, (b, ci) + sp, x.dtype)
+        w = Load(wp.name, (cob, ci) + ks + (coi,), wp.dtype)
+        axes = ((ci, x.shape[1]),) + taps
+    body: Expr = Reduce("sum", axes, xs * w)
     if len(n.inputs) > 2:
         body = body + ld(n.inputs[2], (co,))
-    comp = Compute(y.name, ax, y.shape, body, hints={"nr": nr, "n_axis": 1, "m_axis": -1})
+    # axes counted from the end: fuse_contiguous_axes may merge an NCHW output's (oh, ow) into one (and drops
+    # `spatial`, the two axes a tile may flatten)
+    last = -2 if ob else -1
+    hints = {"nr": nr, "n_axis": -1 if ob else 1, "m_axis": last, "in_block": ib, "depthwise": depthwise}
+    if nd == 2:
+        hints["spatial"] = (last - 1, last)
+    comp = Compute(y.name, ax, y.shape, body, hints=hints)
     return Lowered(([pre] if pre else []) + [comp], [tmp] if tmp else [])

@@ -61,6 +61,10 @@ class TileShape:
     mr: int
     nr: int
     lanes: int
+    # a conv tile over output channels: its MR rows run on over the ends of output rows (see `flatten_rows`)
+    flatten_rows: bool = False
+    # the reduction's first axis (a conv's input channels) innermost: no broadcast is live across kernel taps
+    channels_innermost: bool = False
 
 
 def _depends(e: Expr, v: Var) -> bool:
@@ -76,23 +80,7 @@ def choose_tile(k: Kernel, c: Compute, target: Target) -> TileShape | None:
         return None
     lanes, regs = target.lanes(32), target.vector_registers
     if "nr" in c.hints:  # packed weights: the panel width is the tile width, the lowering names the axes
-        nr = c.hints["nr"]
-        n_axis, m_axis = c.hints.get("n_axis", -1) % len(c.axes), c.hints["m_axis"] % len(c.axes)
-        nvec = max(1, nr // lanes)
-        taps = _taps_along(c, red, c.axes[m_axis])
-        if taps > 1:
-            # row i at tap t reads the pixel row i+1 reads at tap t−1: LLVM keeps the MR+taps−1 broadcasts
-            # live across the unrolled taps, beside MR·nvec accumulators and taps·nvec weight vectors.
-            # Measured (3×3 convs, NR=32): MR=14 spills (1.6× slower than MR=7), MR=8 is 10% slower than 7
-            # (at least 7 rows: fewer leave the FMA latency exposed; the 7×7/2 stem measured flat over MR 5–14)
-            most = max(7, (regs - nvec * taps - taps - 2) // (nvec + 1))
-        elif n_axis != len(c.axes) - 1:
-            # vectors over a conv's channels: 14×2 accumulators spill here (1×1, Ci=1024 on 14×14: 1.28 ms at
-            # MR=14, 1.00 at MR ≤ 12), though not in the GEMM panel tile (gemm_1024 equal at 12 and 14)
-            most = (regs - 2 * nvec - 4) // nvec
-        else:
-            most = (regs - nvec - 2) // nvec
-        return TileShape(m_axis, n_axis, pick_mr(c.extents[m_axis], max(1, most)), nr, lanes)
+        return _packed_tile(c, red, target)
     n_axis = len(c.axes) - 1
     nv, n_ext = c.axes[n_axis], c.extents[n_axis]
     if n_ext < 4:
@@ -120,6 +108,49 @@ def choose_tile(k: Kernel, c: Compute, target: Target) -> TileShape | None:
     return TileShape(best[0], n_axis, pick_mr(best[1], (regs - 2 * nvec - 4) // nvec), nr, lanes)
 
 
+def _packed_tile(c: Compute, red: Reduce, target: Target) -> TileShape:
+    """The tile of a packed anchor: NR = the panel width; MR from the registers left beside the MR·nvec
+    accumulators (see each case); rows that cross output-row ends where the rows are too short for MR."""
+    lanes, regs = target.lanes(32), target.vector_registers
+    nr = c.hints["nr"]
+    n_axis, m_axis = c.hints.get("n_axis", -1) % len(c.axes), c.hints["m_axis"] % len(c.axes)
+    nvec = max(1, nr // lanes)
+    nchw_out = n_axis != len(c.axes) - 1  # vectors over an NCHW output's channels (stored transposed)
+    taps = 1 if c.hints.get("in_block") or c.hints.get("depthwise") else _taps_along(c, red, c.axes[m_axis])
+    # row i at tap t reads the pixel row i+1 reads at tap t−1: LLVM keeps the MR+taps−1 broadcasts live across
+    # the unrolled taps, beside MR·nvec accumulators and taps·nvec weight vectors
+    shared_taps = (regs - nvec * taps - taps - 2) // (nvec + 1)
+    channels_innermost = taps > 1 and shared_taps * nvec < target.fma_chains
+    if c.hints.get("depthwise"):
+        # per tap: nvec weight vectors shared by the MR rows, and each row's input vectors (loads, not
+        # broadcasts) — at least nvec registers beside the accumulators and the weights
+        most = (regs - 2 * nvec - 1) // nvec
+    elif taps > 1 and not channels_innermost:
+        # Measured (AVX-512, 3×3 convs, NR=32): MR=14 spills (1.6× slower than MR=7), MR=8 is 10% slower than 7
+        # (at least 7 rows: fewer leave the FMA latency exposed; the 7×7/2 stem measured flat over MR 5–14)
+        most = max(7, shared_taps)
+    elif nchw_out and regs >= 32:
+        # vectors over a conv's channels: 14×2 accumulators spill here (1×1, Ci=1024 on 14×14: 1.28 ms at MR=14,
+        # 1.00 at MR ≤ 12), though not in the GEMM panel tile (gemm_1024 equal at 12 and 14)
+        most = (regs - 2 * nvec - 4) // nvec
+    else:
+        # the classic register tile: each reduction step loads nvec weight vectors and broadcasts MR pixels one
+        # at a time (AVX2 6×16). With too few registers to share broadcasts across taps (AVX2: 16) an NCHW
+        # input's channels go innermost, in blocks (channel_block): 3×3 convs 155 → 165 GFLOP/s over 4×16
+        # with the taps shared
+        most = (regs - nvec - 2) // nvec
+    most = max(1, most)
+    mr = pick_mr(c.extents[m_axis], most)
+    # an output row too short for the tile the registers allow (AVX2's 6 rows on 14-, 28- or 56-pixel rows
+    # leave edge tiles, so pick_mr takes 4): let tiles run on over row ends instead (flatten_rows)
+    spatial = tuple(a % len(c.axes) for a in c.hints.get("spatial", ()))
+    if spatial and m_axis == spatial[1] and c.extents[spatial[0]] > 1:
+        flat_mr = pick_mr(c.extents[spatial[0]] * c.extents[spatial[1]], most)
+        if flat_mr > mr:
+            return TileShape(m_axis, n_axis, flat_mr, nr, lanes, True, channels_innermost)
+    return TileShape(m_axis, n_axis, mr, nr, lanes, False, channels_innermost)
+
+
 def _taps_along(c: Compute, red: Reduce, m_v: Var) -> int:
     """Extent of the reduction axes (a conv's kw) that move the broadcast operand's address by no more than a
     step of m does: their reads overlap those of neighbouring tile rows."""
@@ -136,6 +167,16 @@ def _taps_along(c: Compute, red: Reduce, m_v: Var) -> int:
             if cv and 0 < abs(cv) <= abs(cm):
                 taps = max(taps, e)
     return taps
+
+
+def channel_block(ci: int) -> int:
+    """Input channels per block when they run innermost: CB channels × taps of weights (CB·taps·NR floats)
+    and of pixels stay in L1 while the taps loop over them; a 3×3 conv sweeping all of Ci per tap would
+    stream both from L2 nine times (7×7 plane, Ci=512: 107 GFLOP/s)."""
+    for cb in range(16, 0, -1):  # 16 measured best on AVX2 (3×3 at 7×7: 146 GFLOP/s; 8: 130; 64: 140)
+        if ci % cb == 0:
+            return cb
+    return 1
 
 
 def pick_mr(m: int, most: int) -> int:
@@ -186,8 +227,33 @@ def pack_rows(k: Kernel, c: Compute, red: Reduce, t: TileShape, mo: Var, mi: Var
     return pack, {a: Load(buf.name, (mo, r, mi), a.dtype)}
 
 
+def flatten_rows(c: Compute, t: TileShape) -> tuple[Compute, TileShape]:
+    """Merge a conv's output rows (oh, ow) — the hint `spatial` — into one pixel axis p:
+
+        for b, co, oh, ow (, ci):  out[b, co, oh, ow (, ci)] = f(oh, ow)
+      ⇒ for b, co, p < OH·OW (, ci):  out[b, co, p // OW, p % OW (, ci)] = f(p // OW, p % OW)
+
+    An MR-row tile then covers MR consecutive pixels, crossing row ends (14 pixels a row: 33 tiles of 6 instead
+    of 6+6+2 per row). Output-shaped accesses stay affine in p (flat_index folds (p // OW)·OW + p % OW to p);
+    the input rows a tile reads are per-row addresses, computed once per tile."""
+    h_axis, w_axis = (a % len(c.axes) for a in c.hints["spatial"])
+    oh, ow = c.axes[h_axis], c.axes[w_axis]
+    w = c.extents[w_axis]
+    p = Var(f"{oh.name}{ow.name}")
+    m: dict[Expr, Expr] = {oh: p // w, ow: p % w}
+    keep = [i for i in range(len(c.axes)) if i != w_axis]
+    axes = tuple(p if i == h_axis else c.axes[i] for i in keep)
+    extents = tuple(c.extents[i] * w if i == h_axis else c.extents[i] for i in keep)
+    hints = {k: v for k, v in c.hints.items() if k != "spatial"}
+    flat = Compute(c.out, axes, extents, substitute(c.body, m), substitute_all(c.store_index, m), hints)
+    shift = lambda i: i - (i > w_axis)  # noqa: E731
+    return flat, TileShape(h_axis, shift(t.n_axis), t.mr, t.nr, t.lanes, False, t.channels_innermost)
+
+
 def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
                  schedule_plain: Callable[[Compute, str], list[Stmt]] | None = None) -> list[Stmt]:
+    if t.flatten_rows:
+        c, t = flatten_rows(c, t)
     red = next(e for e in walk(c.body) if isinstance(e, Reduce))
     m_v, n_v = c.axes[t.m_axis], c.axes[t.n_axis]
     M, N = c.extents[t.m_axis], c.extents[t.n_axis]
@@ -232,10 +298,21 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
         acc = f"acc{tag}"
         m_read = minimum(m_expr, Const(M - 1, "int64")) if edge else m_expr
         term = simplify_panels(substitute(red_body, {m_v: m_read, n_v: n_expr}), ni, t.nr)
+        red_axes = red.axes
+        if t.channels_innermost:  # for rc_o, taps…, rc_i < CB: a block's pixels and weights stay in L1
+            (rc, ci), taps = red.axes[0], red.axes[1:]
+            cb = channel_block(ci)
+            rco, rci = Var(f"{rc.name}o"), Var(f"{rc.name}i")
+            term = substitute(term, {rc: rco * cb + rci})
+            red_axes = ((rco, ci // cb),) + taps + ((rci, cb),)
         update: Stmt = Loop(mi, Const(t.mr, "int64"),
                             [Assign(acc, combine("sum", LocalRef(acc, red.dtype, mi), term), mi)], "unroll")
-        for v, e in reversed(red.axes):
-            update = Loop(v, Const(e, "int64"), [update])
+        for i, (v, e) in enumerate(reversed(red_axes)):
+            # a blocked input's channels (the innermost axis, cb of them) unrolled: each step's pixels are then
+            # constant offsets from one address per tile row (1×1 conv, Ci=1024 on 14×14: 163 → 185 GFLOP/s;
+            # unrolling the taps too measured slower)
+            kind = "unroll" if i == 0 and c.hints.get("in_block") else "serial"
+            update = Loop(v, Const(e, "int64"), [update], kind)
         out_idx = substitute_all(c.store_index, {m_v: m_expr, n_v: n_expr})
         epilogue = substitute(c.body, {red: LocalRef(acc, red.dtype, mi), m_v: m_expr, n_v: n_expr})
         store: Stmt = Store(c.out, out_idx, epilogue)

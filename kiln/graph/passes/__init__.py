@@ -6,6 +6,7 @@ import inspect
 from collections.abc import Callable
 
 from kiln.graph.ir import Graph
+from kiln.graph.passes.block_layout import block_layout
 from kiln.graph.passes.eliminate_dead_code import eliminate_dead_code
 from kiln.graph.passes.fold_batchnorm import fold_batchnorm
 from kiln.graph.passes.fold_constants import fold_constants
@@ -21,6 +22,7 @@ GRAPH_PASSES: list[tuple[str, Pass]] = [
     ("eliminate_dead_code", eliminate_dead_code),
     ("fold_batchnorm", fold_batchnorm),
     ("eliminate_dead_code", eliminate_dead_code),
+    ("block_layout", block_layout),
     ("pack_weights", pack_weights),
     ("", materialize_outputs),
 ]

@@ -43,11 +43,15 @@ def pack(b: np.ndarray, nr: int) -> np.ndarray:
 
 
 def _conv_packed_shape(ts: list[TensorType], a: dict) -> list[TensorType]:
+    """NCHW output, or blocked [N, Co/cb, OH, OW, cb] with `out_block` = cb (graph/passes/block_layout.py)."""
     x = ts[0].shape
-    nd = len(x) - 2
-    return [TensorType(ts[0].dtype, (x[0], a["co"]) + tuple(
-        conv_out(x[2 + i], a["kernel"][i], a["strides"][i], a["pads"][i], a["pads"][i + nd], a["dilations"][i])
-        for i in range(nd)))]
+    nd = len(a["kernel"])
+    sp = tuple(conv_out(x[2 + i], a["kernel"][i], a["strides"][i], a["pads"][i], a["pads"][i + nd],
+                        a["dilations"][i]) for i in range(nd))
+    ob = a.get("out_block", 0)
+    if ob:
+        return [TensorType(ts[0].dtype, (x[0], a["co"] // ob) + sp + (ob,))]
+    return [TensorType(ts[0].dtype, (x[0], a["co"]) + sp)]
 
 
 OPS["PackedConv"] = OpDef(_conv_packed_shape, None, "anchor")

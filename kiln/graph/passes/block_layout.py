@@ -1,0 +1,187 @@
+"""Blocked channel layout for chains of convolutions (oneDNN's nChw16c, onnxruntime's NCHWc), chosen once and
+propagated, with reorders only where a consumer needs plain NCHW:
+
+    Conv(x[N,C,H,W], W) → Relu → Conv(·, W2) → Add(·, r) → GlobalAveragePool → Flatten
+  ⇒ PackedConv(x, Wp, out_block=cb) → Relu → PackedConv(·, Wp2, in_block=cb, out_block=cb) → Add(·, rb)
+    → Reduce(mean, axes 2,3) → FromBlocked → Flatten           values in between: xb[N, C/cb, H, W, cb]
+
+cb = NR = two f32 vectors (AVX2 16, AVX-512 32): one pixel's channel block is one row of the conv's register
+tile, so the tile stores its accumulators with plain contiguous stores (no transpose into NCHW planes) and the
+pixels it broadcasts come CB input channels to a cache line (in NCHW every input channel is a plane of its own,
+and a tile walking Ci touches a line per channel). Depthwise convs in the layout vectorize over the block.
+
+A value is blocked when its producer is a blocked conv, or an op that does not care where channels live
+(elementwise with scalar or per-channel constants, pooling, spatial reductions) reading blocked values. Any
+other consumer — and a graph output — gets FromBlocked, once per value. Channel counts that cb does not divide
+stay NCHW: padded channels would be computed too, and an op like Div or Log could turn them into NaN that a
+following conv multiplies by its zero weights. Only direct-strategy convs are blocked (the microkernel and
+library schedules take NCHW operands), and only on fixed-width targets (a scalable target's block would have
+to follow its run-time vector length)."""
+from __future__ import annotations
+
+import numpy as np
+
+from kiln.graph.ir import Graph, Node, TensorType, Value
+from kiln.graph.ops import OPS, infer
+from kiln.graph.passes.pack_weights import pack
+from kiln.strategy import strategy_of
+from kiln.target import Target
+
+SPATIAL_REDUCE_KINDS = ("mean", "sum", "max", "min")
+
+
+def channel_block(target: Target) -> int:
+    """The layout's block: the register tile's NR, two vectors of f32."""
+    return 2 * target.lanes(32)
+
+
+def pack_blocked_conv(w: np.ndarray, nr: int, in_block: int, depthwise: bool) -> np.ndarray:
+    """Conv weights W[Co, Ci, kh, kw] in the order a blocked tile reads them:
+    depthwise Wd[C/nr, kh, kw, nr]; blocked input Wp[Co/nr, Ci/cb, kh, kw, cb, nr] (per CB input channels, the
+    taps, then the block's channels: the tile's reduction order); NCHW input Wp[Co/nr, Ci, kh, kw, nr]."""
+    co, ci, kh, kw = w.shape
+    if depthwise:
+        return np.ascontiguousarray(w.reshape(co // nr, nr, kh, kw).transpose(0, 2, 3, 1))
+    if in_block:
+        panels = -(-co // nr)  # an NCHW output's last panel is zero-padded
+        wpad = np.zeros((panels * nr,) + w.shape[1:], w.dtype)
+        wpad[:co] = w
+        return np.ascontiguousarray(wpad.reshape(panels, nr, ci // in_block, in_block, kh, kw)
+                                    .transpose(0, 2, 4, 5, 3, 1))
+    return pack(w.reshape(co, -1).T, nr).reshape((co // nr,) + w.shape[1:] + (nr,))
+
+
+def _blocked_const(g: Graph, v: Value, out_shape: tuple[int, ...], cb: int) -> Value | None:
+    """A constant operand of a blocked elementwise op: a scalar stays as it is, a per-channel vector (numpy-
+    broadcast over N, H, W) becomes [1, C/cb, 1, 1, cb]; anything else cannot follow the layout."""
+    if v.const is None or len(v.shape) > len(out_shape):
+        return None
+    if v.const.size == 1:
+        return v
+    shape = (1,) * (len(out_shape) - len(v.shape)) + v.shape
+    c = out_shape[1]
+    if shape[1] != c or any(d != 1 for i, d in enumerate(shape) if i != 1):
+        return None
+    arr = v.const.reshape(1, c // cb, cb)
+    arr = np.ascontiguousarray(arr.reshape((1, c // cb) + (1,) * (len(out_shape) - 2) + (cb,)))
+    return Value(g.fresh(v.name + ".blocked"), TensorType(v.dtype, arr.shape), const=arr)
+
+
+def _conv(g: Graph, n: Node, xb: Value | None, out_cb: int) -> tuple[Node, bool] | None:
+    """The PackedConv for a Conv (its input blocked or not), and whether its output is blocked (never with
+    out_cb = 0)."""
+    x, w = n.inputs[0], n.inputs[1]
+    a = n.attrs
+    if (w.const is None or w.dtype != "float32" or len(x.shape) != 4 or strategy_of(a) != "direct"
+            or (xb is None and x.dtype != "float32")):
+        return None
+    co, cig = w.shape[0], w.shape[1]
+    depthwise = a["group"] > 1 and a["group"] == co == x.shape[1] and cig == 1
+    in_block = xb.shape[-1] if xb is not None else 0
+    if depthwise:
+        if xb is None:
+            return None  # an NCHW depthwise conv vectorizes along its rows (kernel/lower.py)
+        out_block = in_block  # a depthwise conv keeps its input's layout
+    elif a["group"] == 1:
+        out_block = out_cb if out_cb and co % out_cb == 0 else 0
+        if not out_block and not in_block:
+            return None  # plain NCHW in and out: pack_weights decides
+    else:
+        return None
+    cb = out_block or in_block
+    wp = pack_blocked_conv(w.const, cb, in_block, depthwise)
+    packed = Value(g.fresh(w.name + ".packed"), TensorType("float32", wp.shape), const=wp)
+    attrs = {**a, "co": co, "nr": cb, "kernel": tuple(w.shape[2:]), "in_block": in_block, "out_block": out_block}
+    return Node("PackedConv", [xb if xb is not None else x, packed] + n.inputs[2:], [], attrs, n.name), bool(out_block)
+
+
+def _layout_agnostic(g: Graph, n: Node, twin: dict[int, Value], cb: int) -> Node | None:
+    """The same op on blocked operands, when n does not care where channels live and reads a blocked value."""
+    kind = OPS[n.op].kind
+    if not any(id(v) in twin for v in n.inputs):
+        return None
+    if kind in ("unary", "binary"):
+        out_shape = n.outputs[0].shape
+        ins: list[Value] = []
+        for v in n.inputs:
+            if id(v) in twin:
+                if v.shape != out_shape:
+                    return None
+                ins.append(twin[id(v)])
+            else:
+                c = _blocked_const(g, v, out_shape, cb)
+                if c is None:
+                    return None
+                ins.append(c)
+        return Node(n.op, ins, [], dict(n.attrs), n.name)
+    x = n.inputs[0]
+    if n.op == "Pool" and len(n.attrs["kernel"]) == 2 and len(x.shape) == 4:
+        return Node("Pool", [twin[id(x)]], [], dict(n.attrs), n.name)
+    if n.op == "Reduce" and n.attrs["kind"] in SPATIAL_REDUCE_KINDS and n.attrs["keepdims"] \
+            and set(n.attrs["axes"]) <= {2, 3} and len(x.shape) == 4:
+        return Node("Reduce", [twin[id(x)]], [], dict(n.attrs), n.name)
+    return None
+
+
+def _worth_blocking(g: Graph) -> set[int]:
+    """Values from which a Conv, a pooling or a spatial reduction can be reached through elementwise ops: there
+    a blocked layout saves a reorder, or moves it after the reduction (a lone conv writing an NCHW graph output
+    gains nothing from a blocked output)."""
+    users = g.consumers()
+    out: set[int] = set()
+    for n in reversed(g.nodes):
+        for v in n.outputs:
+            for u in users.get(id(v), []):
+                if u.op in ("Conv", "Pool", "Reduce") or OPS[u.op].kind in ("unary", "binary") \
+                        and any(id(w) in out for w in u.outputs):
+                    out.add(id(v))
+    return out
+
+
+def block_layout(g: Graph, target: Target) -> Graph:
+    if target.scalable:
+        return g
+    cb = channel_block(target)
+    wanted = _worth_blocking(g)
+    twin: dict[int, Value] = {}    # id(NCHW value) → the blocked value computed instead
+    made: set[int] = set()         # NCHW values rebuilt from their twins
+    nodes: list[Node] = []
+
+    def plain(v: Value) -> None:
+        """Make NCHW `v` exist again (FromBlocked of its blocked twin), once."""
+        if id(v) in twin and id(v) not in made:
+            node = Node("FromBlocked", [twin[id(v)]], [v], {}, f"{v.name}.from_blocked")
+            v.producer = node
+            nodes.append(node)
+            made.add(id(v))
+
+    for n in g.nodes:
+        y = n.outputs[0]
+        new: Node | None = None
+        out_blocked = True
+        if n.op == "Conv":
+            x = n.inputs[0]
+            conv = _conv(g, n, twin.get(id(x)), cb if id(y) in wanted else 0)
+            if conv is not None:
+                new, out_blocked = conv
+        elif len(n.outputs) == 1:
+            new = _layout_agnostic(g, n, twin, cb)
+        if new is None:
+            for v in n.inputs:
+                plain(v)
+            nodes.append(n)
+            continue
+        if out_blocked:
+            (t,) = infer(new.op, [v.type for v in new.inputs], new.attrs, new.name)
+            yb = Value(g.fresh(y.name + ".blocked"), t, producer=new)
+            new.outputs = [yb]
+            twin[id(y)] = yb
+            y.producer = None
+        else:
+            new.outputs = [y]
+            y.producer = new
+        nodes.append(new)
+    for v in g.outputs:
+        plain(v)
+    g.nodes = nodes
+    return g
