@@ -13,7 +13,7 @@ from kiln.codegen.loops import emit_loop
 from kiln.codegen.scalable import ScalableExprEmitter, loop_is_scalable, reduce_is_scalable
 from kiln.codegen.scalable import emit_vector_loop as emit_scalable_loop
 from kiln.codegen.scalable import emit_vector_reduce as emit_scalable_reduce
-from kiln.codegen.transpose import transposed_store_group
+from kiln.codegen.transpose import transposed_load_group, transposed_store_group
 from kiln.kernel.analysis import coef, flat_index
 from kiln.kernel.ir import (
     Alloc,
@@ -207,7 +207,8 @@ class KernelEmitter:
         lo = lo if lo is not None else ir.Constant(I64, 0)
         hi = hi if hi is not None else em.ev(s.extent)[0]
         if s.kind == "unroll" and isinstance(s.extent, Const):
-            if not isinstance(em, ScalableExprEmitter) and transposed_store_group(b, em, s):  # transpose.py
+            if not isinstance(em, ScalableExprEmitter) and (transposed_store_group(b, em, s)  # transpose.py
+                                                             or transposed_load_group(b, em, s)):
                 return
             for it in range(int(s.extent.value)):
                 em.env[name] = ir.Constant(I64, it)

@@ -208,3 +208,50 @@ def transposed_store_group(b: ir.IRBuilder, em: ExprEmitter, s: Loop) -> bool:
             p = b.gep(ptr, [b.add(base, ir.Constant(I64, c * S))], source_etype=mt)
             b.call(store, [col, p, ir.Constant(I32, align), _lane_active(b, em, c, run)])
     return True
+
+
+def transposed_load_group(b: ir.IRBuilder, em: ExprEmitter, s: Loop) -> bool:
+    """Emit `s` — an unrolled loop of one Store that is contiguous along the lanes, reading loads whose lanes are
+    S ≥ R apart and whose R iterations are consecutive (a blocked layout read back into NCHW planes) — as R
+    transposed loads (one masked run per lane + butterflies) and R plain vector stores; False otherwise."""
+    R = int(s.extent.value)
+    if em.vec is None or em.bounds or len(s.body) != 1 or not isinstance(s.body[0], Store) or not 2 <= R <= BLOCK:
+        return False
+    st = s.body[0]
+    ptr, dtype, shape = em.buffers[st.buf]
+    flat = flat_index(st.index, shape)
+    n = em.vec.lanes
+    step = coef(flat, s.var)
+    if dtype == "bool" or coef(flat, em.vec.var) != 1 or step is None or R > n or n & (n - 1) or n % min(n, BLOCK):
+        return False
+    same_form: dict[Load, int] = {}
+    for ld in {e for e in walk(st.value) if isinstance(e, Load)}:
+        f = flat_index(ld.index, em.buffers[ld.buf][2])
+        s_ld = coef(f, em.vec.var)
+        if em.buffers[ld.buf][1] != "bool" and coef(f, s.var) == 1 and s_ld is not None and s_ld >= R:
+            same_form[ld] = s_ld
+    if not same_form:
+        return False
+    em.env[s.var.name] = ir.Constant(I64, 0)
+    run = _run_mask(b, em, R, min(n, BLOCK), None)
+    pre = {ld: _transposed_load(b, em, ld, s.var.name, R, s_ld, run) for ld, s_ld in same_form.items()}
+    em.env[s.var.name] = ir.Constant(I64, 0)
+    base = em._at_base(flat)
+    mt = MEMORY[dtype]
+    vt = ir.VectorType(mt, n)
+    for it in range(R):
+        em.env[s.var.name] = ir.Constant(I64, it)
+        em.preloaded = {ld: (rows[it], True) for ld, rows in pre.items()}
+        try:
+            v, is_vec = em.ev(st.value)
+        finally:
+            em.preloaded = {}
+        v = em.to_memory(v if is_vec else em.splat(v), dtype)
+        p = b.gep(ptr, [b.add(base, ir.Constant(I64, it * step))], source_etype=mt)
+        if em.vec.mask is None:
+            b.store(v, p, align=elem_bytes(mt))
+        else:
+            fn = em._decl(f"llvm.masked.store.v{n}{em._tname(mt)}.p0", ir.VoidType(), [vt, PTR, I32, ir.VectorType(I1, n)])
+            b.call(fn, [v, p, ir.Constant(I32, elem_bytes(mt)), em.vec.mask])
+    em.env[s.var.name] = ir.Constant(I64, 0)
+    return True

@@ -356,15 +356,16 @@ def _padded(x: Value, pads: tuple[int, ...], value: float,
     return Compute(name, ax, shape, body), buf, name
 
 
-def _guarded_window(x: Value, b: Expr, chan: Expr, pos: tuple[Expr, ...]) -> Expr:
-    """x[b, chan, pos…] where every pos is in bounds, else 0 — written as select(in bounds, x[clamped], 0),
-    the form codegen emits as ONE masked vector load (ExprEmitter.guarded_load): padding without a copy."""
+def guarded_window(x: Value, head: tuple[Expr, ...], pos: tuple[Expr, ...], tail: tuple[Expr, ...] = ()) -> Expr:
+    """x[head…, pos…, tail…] (tail: a blocked layout's channel lane) where every pos is in bounds, else 0 — as
+    select(in bounds, x[clamped], 0), the form codegen emits as ONE masked vector load
+    (ExprEmitter.guarded_load) and a tile proven inside emits as a plain load (schedule/guards.py)."""
     inside: Expr | None = None
     for i, p in enumerate(pos):
         c = Bin("and", cmp(">=", p, 0), cmp("<", p, x.shape[2 + i]))
         inside = c if inside is None else Bin("and", inside, c)
     safe = tuple(clamp(p, 0, x.shape[2 + i] - 1) for i, p in enumerate(pos))
-    return Select(inside, Load(x.name, (b, chan) + safe, x.dtype), Const(0.0, x.dtype))
+    return Select(inside, Load(x.name, head + safe + tail, x.dtype), Const(0.0, x.dtype))
 
 
 @lowering("Conv")
@@ -384,14 +385,16 @@ def lower_conv(n: Node) -> Lowered:
     chan = ci if a["group"] == 1 else (ax[1] // cog) * cig + ci
     sp = tuple(ax[2 + i] * a["strides"][i] + ks[i] * a["dilations"][i] for i in range(nd))
     if guarded:
-        xs = _guarded_window(x, ax[0], chan, tuple(p - a["pads"][i] for i, p in enumerate(sp)))
+        xs = guarded_window(x, (ax[0], chan), tuple(p - a["pads"][i] for i, p in enumerate(sp)))
     else:
         xs = Load(src, (ax[0], chan) + sp, x.dtype)
     body: Expr = Reduce("sum", ((ci, cig),) + tuple((k, e) for k, e in zip(ks, w.shape[2:])),
                         xs * ld(w, (ax[1], ci) + ks))
     if len(n.inputs) > 2:
         body = body + ld(n.inputs[2], (ax[1],))
-    return Lowered(([pre] if pre else []) + [Compute(y.name, ax, y.shape, body)], [tmp] if tmp else [])
+    # a depthwise 2-D conv: a register tile of output rows × vectors along the row (schedule/tile.py)
+    hints = {"depthwise": True, "m_axis": -2, "n_axis": -1} if guarded and nd == 2 else {}
+    return Lowered(([pre] if pre else []) + [Compute(y.name, ax, y.shape, body, hints=hints)], [tmp] if tmp else [])
 
 
 @lowering("ConvTranspose")
@@ -459,11 +462,20 @@ def lower_pool(n: Node) -> Lowered:
 
 @lowering("FromBlocked")
 def lower_from_blocked(n: Node) -> Lowered:
-    """x[n, c, …] = xb[n, c // cb, …, c % cb] (graph/passes/block_layout.py)."""
+    """x[n, c, …] = xb[n, c // cb, …, c % cb] (graph/passes/block_layout.py; scheduled by schedule/reorder.py)."""
     (xb,), (y, ax) = n.inputs, _out(n)
     cb = xb.shape[-1]
-    return Lowered([Compute(y.name, ax, y.shape, Load(xb.name, (ax[0], ax[1] // cb) + ax[2:] + (ax[1] % cb,),
-                                                        xb.dtype))])
+    body = Load(xb.name, (ax[0], ax[1] // cb) + ax[2:] + (ax[1] % cb,), xb.dtype)
+    return Lowered([Compute(y.name, ax, y.shape, body, hints={"reorder": "from_blocked", "cb": cb})])
+
+
+@lowering("ToBlocked")
+def lower_to_blocked(n: Node) -> Lowered:
+    """xb[n, cbi, …, c] = x[n, cbi·cb + c, …]."""
+    (x,), (y, ax) = n.inputs, _out(n)
+    cb = y.shape[-1]
+    body = Load(x.name, (ax[0], ax[1] * cb + ax[-1]) + ax[2:-1], x.dtype)
+    return Lowered([Compute(y.name, ax, y.shape, body, hints={"reorder": "to_blocked", "cb": cb})])
 
 
 @lowering("MaxPoolIndex")

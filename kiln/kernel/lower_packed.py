@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kiln.graph.ir import Node
 from kiln.kernel.ir import Compute, Expr, Load, Reduce, Var
-from kiln.kernel.lower import Lowered, _out, _padded, bcast_index, ld, lowering
+from kiln.kernel.lower import Lowered, _out, _padded, bcast_index, guarded_window, ld, lowering
 
 
 @lowering("PackedMatMul")
@@ -41,12 +41,14 @@ def lower_packed_conv(n: Node) -> Lowered:
     else:
         co = ax[1]
         cob, coi = co // nr, co % nr
-    pre, tmp, src = _padded(x, a["pads"], 0.0, f"{y.name}.pad")
+    # a depthwise conv reads its padding through guards (its interior tiles drop them: schedule/guards.py); a
+    # dense one from a padded copy (its rows may cross output-row ends, where guards would not be affine)
+    pre, tmp, src = (None, None, x.name) if depthwise else _padded(x, a["pads"], 0.0, f"{y.name}.pad")
     ks = tuple(Var(f"rk{i}") for i in range(nd))
     sp = tuple(sp_out[i] * a["strides"][i] + ks[i] * a["dilations"][i] for i in range(nd))
     taps = tuple(zip(ks, a["kernel"]))
     if depthwise:  # blocked in and out: channel co = (cob, coi) of the input too
-        xs = Load(src, (b, cob) + sp + (coi,), x.dtype)
+        xs = guarded_window(x, (b, cob), tuple(p - a["pads"][i] for i, p in enumerate(sp)), (coi,))
         w = Load(wp.name, (cob,) + ks + (coi,), wp.dtype)
         axes = taps
     elif ib:

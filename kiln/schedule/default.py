@@ -10,6 +10,7 @@ import numpy as np
 from kiln.kernel.analysis import coef, flat_index, fuse_contiguous_axes
 from kiln.kernel.ir import Assign, Compute, Const, Expr, Kernel, Load, Loop, Reduce, Stmt, Var, walk
 from kiln.schedule.primitives import compute_to_loops, fuse, parallel, split, vectorize
+from kiln.schedule.reorder import schedule_reorder
 from kiln.schedule.tile import choose_tile, tile_compute
 from kiln.target import Target
 
@@ -23,6 +24,10 @@ def _elem_bits(k: Kernel, c: Compute) -> int:
 
 def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
                      options: dict[str, bool]) -> list[Stmt]:
+    if "reorder" in c.hints and options.get("vectorize", True):  # a layout change: transposes (reorder.py)
+        nest = schedule_reorder(c, target, threads if options.get("parallel", True) else 1)
+        if nest is not None:
+            return nest
     if options.get("fuse_axes", True):
         c = fuse_contiguous_axes(c, lambda name: k.buffer(name).shape)
     strategy = str(c.hints.get("strategy", "direct"))

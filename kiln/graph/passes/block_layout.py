@@ -5,14 +5,15 @@ propagated, with reorders only where a consumer needs plain NCHW:
   ⇒ PackedConv(x, Wp, out_block=cb) → Relu → PackedConv(·, Wp2, in_block=cb, out_block=cb) → Add(·, rb)
     → Reduce(mean, axes 2,3) → FromBlocked → Flatten           values in between: xb[N, C/cb, H, W, cb]
 
-cb = NR = two f32 vectors (AVX2 16, AVX-512 32): one pixel's channel block is one row of the conv's register
-tile, so the tile stores its accumulators with plain contiguous stores (no transpose into NCHW planes) and the
-pixels it broadcasts come CB input channels to a cache line (in NCHW every input channel is a plane of its own,
-and a tile walking Ci touches a line per channel). Depthwise convs in the layout vectorize over the block.
+cb = NR = two f32 vectors (AVX2 16, AVX-512 32) — one vector where that does not divide C: one pixel's channel
+block is one row of the conv's register tile, so the tile stores its accumulators with plain contiguous stores
+(no transpose into NCHW planes) and the pixels it broadcasts come CB input channels to a cache line (in NCHW
+every input channel is a plane of its own, and a tile walking Ci touches a line per channel). Depthwise convs in
+the layout vectorize over the block.
 
 A value is blocked when its producer is a blocked conv, or an op that does not care where channels live
 (elementwise with scalar or per-channel constants, pooling, spatial reductions) reading blocked values. Any
-other consumer — and a graph output — gets FromBlocked, once per value. Channel counts that cb does not divide
+other consumer — and a graph output — gets FromBlocked, once per value. Channel counts that no block divides
 stay NCHW: padded channels would be computed too, and an op like Div or Log could turn them into NaN that a
 following conv multiplies by its zero weights. Only direct-strategy convs are blocked (the microkernel and
 library schedules take NCHW operands), and only on fixed-width targets (a scalable target's block would have
@@ -28,11 +29,17 @@ from kiln.strategy import strategy_of
 from kiln.target import Target
 
 SPATIAL_REDUCE_KINDS = ("mean", "sum", "max", "min")
+# a dense conv whose reduction (Ci·kh·kw multiply-adds per output) is at least this long reorders an NCHW input
+# into blocks and writes blocked output even where it must be reordered back: both reorders are a few
+# memory passes over tensors the conv reads ≥ 256 times (conv_r50_3x3 alone: 1.40 → 1.27 ms)
+REORDER_MIN_REDUCTION = 256
 
 
-def channel_block(target: Target) -> int:
-    """The layout's block: the register tile's NR, two vectors of f32."""
-    return 2 * target.lanes(32)
+def channel_block(c: int, target: Target) -> int:
+    """The block of a C-channel tensor: the register tile's NR (two f32 vectors) where it divides C, else one
+    vector (MobileNetV2's 24 channels on AVX2: blocks of 8), else 0 (the tensor stays NCHW)."""
+    lanes = target.lanes(32)
+    return next((cb for cb in (2 * lanes, lanes) if c % cb == 0), 0)
 
 
 def pack_blocked_conv(w: np.ndarray, nr: int, in_block: int, depthwise: bool) -> np.ndarray:
@@ -67,9 +74,9 @@ def _blocked_const(g: Graph, v: Value, out_shape: tuple[int, ...], cb: int) -> V
     return Value(g.fresh(v.name + ".blocked"), TensorType(v.dtype, arr.shape), const=arr)
 
 
-def _conv(g: Graph, n: Node, xb: Value | None, out_cb: int) -> tuple[Node, bool] | None:
-    """The PackedConv for a Conv (its input blocked or not), and whether its output is blocked (never with
-    out_cb = 0)."""
+def _conv(g: Graph, n: Node, xb: Value | None, target: Target, block_out: bool) -> tuple[Node, bool] | None:
+    """The PackedConv for a Conv (its input blocked or not), and whether its output is blocked (only with
+    block_out)."""
     x, w = n.inputs[0], n.inputs[1]
     a = n.attrs
     if (w.const is None or w.dtype != "float32" or len(x.shape) != 4 or strategy_of(a) != "direct"
@@ -83,23 +90,33 @@ def _conv(g: Graph, n: Node, xb: Value | None, out_cb: int) -> tuple[Node, bool]
             return None  # an NCHW depthwise conv vectorizes along its rows (kernel/lower.py)
         out_block = in_block  # a depthwise conv keeps its input's layout
     elif a["group"] == 1:
-        out_block = out_cb if out_cb and co % out_cb == 0 else 0
+        out_block = channel_block(co, target) if block_out else 0
         if not out_block and not in_block:
             return None  # plain NCHW in and out: pack_weights decides
     else:
         return None
-    cb = out_block or in_block
-    wp = pack_blocked_conv(w.const, cb, in_block, depthwise)
+    nr = out_block or 2 * target.lanes(32)  # an NCHW output's panels: two vectors, the last one zero-padded
+    wp = pack_blocked_conv(w.const, nr, in_block, depthwise)
     packed = Value(g.fresh(w.name + ".packed"), TensorType("float32", wp.shape), const=wp)
-    attrs = {**a, "co": co, "nr": cb, "kernel": tuple(w.shape[2:]), "in_block": in_block, "out_block": out_block}
+    attrs = {**a, "co": co, "nr": nr, "kernel": tuple(w.shape[2:]), "in_block": in_block, "out_block": out_block}
     return Node("PackedConv", [xb if xb is not None else x, packed] + n.inputs[2:], [], attrs, n.name), bool(out_block)
 
 
-def _layout_agnostic(g: Graph, n: Node, twin: dict[int, Value], cb: int) -> Node | None:
+def _heavy(n: Node, target: Target) -> bool:
+    """A dense 2-D float conv with a long reduction over channels that a block divides."""
+    x, w = n.inputs[0], n.inputs[1]
+    return (n.attrs["group"] == 1 and len(x.shape) == 4 and x.dtype == w.dtype == "float32" and w.const is not None
+            and strategy_of(n.attrs) == "direct" and channel_block(x.shape[1], target) > 0
+            and channel_block(w.shape[0], target) > 0 and int(np.prod(w.shape[1:])) >= REORDER_MIN_REDUCTION)
+
+
+def _layout_agnostic(g: Graph, n: Node, twin: dict[int, Value]) -> Node | None:
     """The same op on blocked operands, when n does not care where channels live and reads a blocked value."""
     kind = OPS[n.op].kind
-    if not any(id(v) in twin for v in n.inputs):
+    blocked = [twin[id(v)] for v in n.inputs if id(v) in twin]
+    if not blocked:
         return None
+    cb = blocked[0].shape[-1]
     if kind in ("unary", "binary"):
         out_shape = n.outputs[0].shape
         ins: list[Value] = []
@@ -141,7 +158,6 @@ def _worth_blocking(g: Graph) -> set[int]:
 def block_layout(g: Graph, target: Target) -> Graph:
     if target.scalable:
         return g
-    cb = channel_block(target)
     wanted = _worth_blocking(g)
     twin: dict[int, Value] = {}    # id(NCHW value) → the blocked value computed instead
     made: set[int] = set()         # NCHW values rebuilt from their twins
@@ -161,11 +177,20 @@ def block_layout(g: Graph, target: Target) -> Graph:
         out_blocked = True
         if n.op == "Conv":
             x = n.inputs[0]
-            conv = _conv(g, n, twin.get(id(x)), cb if id(y) in wanted else 0)
+            heavy = _heavy(n, target)
+            if heavy and id(x) not in twin:  # reorder the NCHW input once (other convs reading x use it too)
+                xb = Value(g.fresh(x.name + ".blocked"), TensorType(x.dtype, ()), producer=None)
+                node = Node("ToBlocked", [x], [xb], {"cb": channel_block(x.shape[1], target)}, f"{x.name}.to_blocked")
+                (xb.type,) = infer("ToBlocked", [x.type], node.attrs, node.name)
+                xb.producer = node
+                nodes.append(node)
+                twin[id(x)] = xb
+                made.add(id(x))  # x itself stays (it is the NCHW original)
+            conv = _conv(g, n, twin.get(id(x)), target, id(y) in wanted or heavy)
             if conv is not None:
                 new, out_blocked = conv
         elif len(n.outputs) == 1:
-            new = _layout_agnostic(g, n, twin, cb)
+            new = _layout_agnostic(g, n, twin)
         if new is None:
             for v in n.inputs:
                 plain(v)

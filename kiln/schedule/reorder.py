@@ -1,0 +1,58 @@
+"""Schedules of the layout reorders (graph/passes/block_layout.py), x[N, C, S…, W] ⇔ xb[N, C/cb, S…, W, cb]:
+per channel block and row, a transpose of a cb × W tile, L = the vector lanes at a time:
+
+    before (ToBlocked):  for n, cbi, s…, w, c:  xb[n, cbi, s…, w, c] = x[n, cbi·cb + c, s…, w]
+    after:
+      for (n, cbi, s…) parallel:
+        for w in 0..W vector<L> masked:
+          for ch in 0..cb/L:
+            for cl in 0..L unroll:     # one group: L row loads, an in-register transpose, one run of L per lane
+              xb[n, cbi, s…, w, ch·L + cl] = x[n, cbi·cb + ch·L + cl, s…, w]
+
+FromBlocked is the same nest with the roles swapped: the L runs are loaded (transposed loads) and each row is
+one contiguous store (codegen/transpose.py). The default schedule would vectorize the innermost axis instead:
+a gather (or scatter) of cb-strided lanes per vector."""
+from __future__ import annotations
+
+from kiln.kernel.ir import Compute, Const, Expr, Load, Loop, Stmt, Store, Var, substitute
+from kiln.schedule.primitives import fuse
+from kiln.target import Target
+
+
+def schedule_reorder(c: Compute, target: Target, threads: int) -> list[Stmt] | None:
+    kind, cb = c.hints["reorder"], c.hints["cb"]
+    lanes = min(target.lanes(32), cb)
+    if cb % lanes or len(c.axes) < 4:
+        return None
+    if kind == "to_blocked":  # axes (n, cbi, s…, w, c)
+        outer, w, ch_axis = c.axes[:-2], c.axes[-2], c.axes[-1]
+        extents, w_ext = c.extents[:-2], c.extents[-2]
+    else:  # from_blocked, axes (n, c, s…, w): c = cbi·cb + ch·L + cl
+        outer, w, ch_axis = (c.axes[0], Var("cbi")) + c.axes[2:-1], c.axes[-1], c.axes[1]
+        extents, w_ext = (c.extents[0], c.extents[1] // cb) + c.extents[2:-1], c.extents[-1]
+    if w_ext < lanes // 2:  # rows too short to vectorize (a pooled 1×1 map): the default schedule
+        return None
+    ch, cl = Var("ch"), Var("cl")
+    chan: Expr = ch * lanes + cl
+    if kind == "to_blocked":
+        value = substitute(c.body, {ch_axis: chan})
+        index = tuple(substitute(i, {ch_axis: chan}) for i in c.store_index)
+    else:  # read xb[n, cbi, s…, w, ch·L + cl] directly (not (cbi·cb + ch·L + cl) // cb and % cb)
+        src = c.body
+        if not isinstance(src, Load):
+            return None
+        value = Load(src.buf, (outer[0], outer[1]) + c.axes[2:] + (chan,), src.dtype)
+        index = tuple(substitute(i, {ch_axis: outer[1] * cb + chan}) for i in c.store_index)
+    st = Store(c.out, index, value)
+    body: Stmt = Loop(w, Const(w_ext, "int64"), [Loop(ch, Const(cb // lanes, "int64"), [
+        Loop(cl, Const(lanes, "int64"), [st], "unroll")])], "vector", lanes, masked=True)
+    for v, e in reversed(list(zip(outer, extents))):
+        body = Loop(v, Const(e, "int64"), [body])
+    nest = body
+    fused = 1
+    while fused < len(outer) and isinstance(nest.extent, Const) and nest.extent.value < threads * 8:
+        nest = fuse(nest)
+        fused += 1
+    if threads > 1:
+        nest.kind = "parallel"
+    return [nest]
