@@ -311,6 +311,10 @@ class ExprEmitter:
                 self.icmp(op, a, b, dt), vec
         if op in ("max", "min"):
             pick = ">" if op == "max" else "<"
+            if fl and isinstance(e.b, Const) and not np.isnan(e.b.value):
+                # a constant bound (ReLU, Clip): select(c > a, c, a) is NaN-propagating as it is — a NaN fails
+                # the compare and is picked — and one vmaxps/vminps instead of compare, NaN test, or, blend
+                return B.select(B.fcmp_ordered(pick, b, a), b, a), vec
             c = B.fcmp_ordered(pick, a, b) if fl else self.icmp(pick, a, b, dt)
             if fl:  # propagate NaN like numpy: if a is NaN pick a
                 c = B.or_(c, B.fcmp_unordered("uno", a, a))

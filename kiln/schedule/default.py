@@ -8,8 +8,9 @@ from __future__ import annotations
 import numpy as np
 
 from kiln.kernel.analysis import coef, flat_index, fuse_contiguous_axes
-from kiln.kernel.ir import Assign, Compute, Const, Expr, Kernel, Load, Loop, Reduce, Stmt, Var, walk
-from kiln.schedule.primitives import compute_to_loops, fuse, parallel, split, vectorize
+from kiln.kernel.ir import Assign, Compute, Const, Expr, If, Kernel, Load, Loop, Reduce, Stmt, Var, walk
+from kiln.schedule.guards import interior_swap
+from kiln.schedule.primitives import compute_to_loops, fuse, parallel, rename, split, vectorize
 from kiln.schedule.reorder import schedule_reorder
 from kiln.schedule.tile import choose_tile, tile_compute
 from kiln.target import Target
@@ -79,6 +80,13 @@ def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: i
             chain[-1] = vectorize(inner, lanes)
             vec_out = True
 
+    if reds:  # a window over padding (pooling in the blocked layout): interior iterations without the guards
+        ranges = {v: n for r in reds for v, n in r.axes}
+        if vec_out:
+            ranges[inner.var] = n_inner
+        found = interior_swap(c.body, ranges)
+        if found is not None:
+            cur = [If(found[1], rename(cur, found[0]), cur)]
     if not options.get("parallel", True) or threads <= 1 or work < PARALLEL_MIN_WORK:
         return rebuild(chain, cur)
     if len(chain) == 1 and vec_out:  # a single vector axis: parallel chunks of whole vectors

@@ -44,6 +44,13 @@ def _corner_test(test: Expr, ranges: dict[Var, int]) -> Expr | None:
 def split_interior(term: Expr, ranges: dict[Var, int]) -> tuple[Expr, Expr] | None:
     """(term without its padding guards, the scalar test that the box `ranges` reads only inside), or None when
     `term` has no guards or a guard does not vary affinely over the box."""
+    found = interior_swap(term, ranges)
+    return None if found is None else (substitute(term, found[0]), found[1])
+
+
+def interior_swap(term: Expr, ranges: dict[Var, int]) -> tuple[dict[Expr, Expr], Expr] | None:
+    """({guarded select: its plain load}, the interior test) for split_interior, applied to whole nests by
+    schedule/default.py (pooling in the blocked layout)."""
     guarded = [e for e in walk(term) if isinstance(e, Select) and unclamped_index(e) is not None]
     if not guarded:
         return None
@@ -60,4 +67,4 @@ def split_interior(term: Expr, ranges: dict[Var, int]) -> tuple[Expr, Expr] | No
     cond = tests[0]
     for t in tests[1:]:
         cond = Bin("and", cond, t)
-    return substitute(term, swap), cond
+    return swap, cond
