@@ -13,7 +13,7 @@ from llvmlite import ir
 from kiln.codegen.bounds import BoundsChecker
 from kiln.codegen.mathfn import VectorMath
 from kiln.kernel.analysis import coef, flat_index, unclamped_index
-from kiln.kernel.ir import Addr, Bin, Cast, Const, Expr, Load, LocalRef, Reduce, Select, Un, Var
+from kiln.kernel.ir import Addr, Bin, Cast, Const, Expr, Load, LocalRef, Reduce, Select, Un, Var, children
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 F32, F64 = ir.FloatType(), ir.DoubleType()
@@ -57,6 +57,10 @@ class ExprEmitter:
         self.vec: VectorCtx | None = None
         self.bounds: BoundsChecker | None = None  # set in a bounds-checked (debug) build
         self.preloaded: dict[Load, tuple[ir.Value, bool]] = {}  # loads already read (codegen/transpose.py)
+        # pure expressions (no memory access) already emitted in the current block, by the values of their free
+        # variables: an unrolled tile re-emits each row's index arithmetic otherwise (resnet18: 240k instructions)
+        self._emitted: dict[tuple, tuple[ir.Value, bool]] = {}
+        self._free: dict[Expr, tuple[str, ...] | None] = {}
 
     # -- helpers -------------------------------------------------------------------------------------------------
     def vtype(self, t: ir.Type) -> ir.Type:
@@ -97,7 +101,33 @@ class ExprEmitter:
         return out
 
     # -- the evaluator ------------------------------------------------------------------------------------------------
+    def free_vars(self, e: Expr) -> tuple[str, ...] | None:
+        """The loop variables of a pure expression (no loads, locals or addresses), or None if it is not pure."""
+        if e not in self._free:
+            kids = children(e)
+            if isinstance(e, (Load, LocalRef, Addr, Reduce)):
+                self._free[e] = None
+            elif isinstance(e, Var):
+                self._free[e] = (e.name,)
+            else:
+                sub = [self.free_vars(k) for k in kids]
+                self._free[e] = None if any(x is None for x in sub) else tuple(sorted({v for x in sub for v in x}))
+        return self._free[e]
+
     def ev(self, e: Expr) -> tuple[ir.Value, bool]:
+        if isinstance(e, (Bin, Un, Cast, Select)):
+            names = self.free_vars(e)
+            if names is not None:
+                vec = self.vec
+                key = (e, self.b.block, tuple(self.env.get(n) for n in names),
+                       (vec.var, vec.lanes, vec.base) if vec is not None and vec.var.name in names else None)
+                hit = self._emitted.get(key)
+                if hit is None:
+                    hit = self._emitted[key] = self._ev(e)
+                return hit
+        return self._ev(e)
+
+    def _ev(self, e: Expr) -> tuple[ir.Value, bool]:
         if isinstance(e, Const):
             return self.const(e), False
         if isinstance(e, Var):

@@ -1,11 +1,13 @@
 """Index analysis shared by schedules and codegen: linearization and affine strides."""
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from kiln.kernel.ir import Bin, Cast, Compute, Const, Expr, Load, Select, Un, Var, children, rebuild, substitute, walk
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def coef(e: Expr, v: Var) -> int | None:
     """d(e)/d(v) if e is affine in v with a constant coefficient, else None."""
     if e == v:

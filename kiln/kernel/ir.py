@@ -196,6 +196,24 @@ class Addr(Expr):
         return f"&{self.buf}[{', '.join(map(repr, self.index))}]"
 
 
+def _cache_hash(cls: type) -> None:
+    """Memoize a frozen dataclass's hash: expressions are trees hashed over and over (dict keys in substitute,
+    walk, the codegen's caches), and the generated __hash__ recomputes the whole tree each time."""
+    field_hash = cls.__hash__
+
+    def __hash__(self) -> int:  # noqa: N807
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = field_hash(self)
+            object.__setattr__(self, "_hash", h)
+        return h
+    cls.__hash__ = __hash__
+
+
+for _cls in (Const, Var, Load, Bin, Un, Select, Cast, LocalRef, Reduce, Addr):
+    _cache_hash(_cls)
+
+
 def fn(op: str, a: Expr) -> Expr:
     return Un(op, a)
 

@@ -473,7 +473,8 @@ def lower_from_blocked(n: Node) -> Lowered:
     (xb,), (y, ax) = n.inputs, _out(n)
     cb = xb.shape[-1]
     body = Load(xb.name, (ax[0], ax[1] // cb) + ax[2:] + (ax[1] % cb,), xb.dtype)
-    return Lowered([Compute(y.name, ax, y.shape, body, hints={"reorder": "from_blocked", "cb": cb})])
+    # an explicit store: not inlined into its consumers (they would gather), scheduled as a transpose
+    return Lowered([Compute(y.name, ax, y.shape, body, ax, hints={"reorder": "from_blocked", "cb": cb})])
 
 
 @lowering("ToBlocked")
@@ -482,7 +483,7 @@ def lower_to_blocked(n: Node) -> Lowered:
     (x,), (y, ax) = n.inputs, _out(n)
     cb = y.shape[-1]
     body = Load(x.name, (ax[0], ax[1] * cb + ax[-1]) + ax[2:-1], x.dtype)
-    return Lowered([Compute(y.name, ax, y.shape, body, hints={"reorder": "to_blocked", "cb": cb})])
+    return Lowered([Compute(y.name, ax, y.shape, body, ax, hints={"reorder": "to_blocked", "cb": cb})])
 
 
 @lowering("MaxPoolIndex")

@@ -67,7 +67,8 @@ def lower_packed_conv(n: Node) -> Lowered:
     # axes counted from the end: fuse_contiguous_axes may merge an NCHW output's (oh, ow) into one (and drops
     # `spatial`, the two axes a tile may flatten)
     last = -2 if ob else -1
-    hints = {"nr": nr, "n_axis": -1 if ob else 1, "m_axis": last, "in_block": ib, "depthwise": depthwise}
+    hints = {"nr": nr, "n_axis": -1 if ob else 1, "m_axis": last, "in_block": ib, "out_block": ob,
+             "depthwise": depthwise}
     if nd == 2:
         hints["spatial"] = (last - 1, last)
     comp = Compute(y.name, ax, y.shape, body, hints=hints)

@@ -14,8 +14,9 @@ one contiguous store (codegen/transpose.py). The default schedule would vectoriz
 a gather (or scatter) of cb-strided lanes per vector."""
 from __future__ import annotations
 
-from kiln.kernel.ir import Compute, Const, Expr, Load, Loop, Stmt, Store, Var, substitute
+from kiln.kernel.ir import Compute, Const, Expr, Loop, Stmt, Store, Var, substitute
 from kiln.schedule.primitives import fuse
+from kiln.schedule.tile import simplify_panels
 from kiln.target import Target
 
 
@@ -34,15 +35,10 @@ def schedule_reorder(c: Compute, target: Target, threads: int) -> list[Stmt] | N
         return None
     ch, cl = Var("ch"), Var("cl")
     chan: Expr = ch * lanes + cl
-    if kind == "to_blocked":
-        value = substitute(c.body, {ch_axis: chan})
-        index = tuple(substitute(i, {ch_axis: chan}) for i in c.store_index)
-    else:  # read xb[n, cbi, s…, w, ch·L + cl] directly (not (cbi·cb + ch·L + cl) // cb and % cb)
-        src = c.body
-        if not isinstance(src, Load):
-            return None
-        value = Load(src.buf, (outer[0], outer[1]) + c.axes[2:] + (chan,), src.dtype)
-        index = tuple(substitute(i, {ch_axis: outer[1] * cb + chan}) for i in c.store_index)
+    whole = chan if kind == "to_blocked" else outer[1] * cb + chan
+    # xb[n, (cbi·cb + ch·L + cl) // cb, …, (…) % cb] reads xb[n, cbi, …, ch·L + cl] (0 ≤ ch·L + cl < cb)
+    value = simplify_panels(substitute(c.body, {ch_axis: whole}), chan, cb)
+    index = tuple(simplify_panels(substitute(i, {ch_axis: whole}), chan, cb) for i in c.store_index)
     st = Store(c.out, index, value)
     body: Stmt = Loop(w, Const(w_ext, "int64"), [Loop(ch, Const(cb // lanes, "int64"), [
         Loop(cl, Const(lanes, "int64"), [st], "unroll")])], "vector", lanes, masked=True)

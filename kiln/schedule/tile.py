@@ -251,7 +251,7 @@ def pack_rows(k: Kernel, c: Compute, red: Reduce, t: TileShape, mo: Var, mi: Var
     return pack, {a: Load(buf.name, (mo, r, mi), a.dtype)}
 
 
-def flatten_rows(c: Compute, t: TileShape) -> tuple[Compute, TileShape]:
+def flatten_rows(c: Compute) -> Compute:
     """Merge a conv's output rows (oh, ow) — the hint `spatial` — into one pixel axis p:
 
         for b, co, oh, ow (, ci):  out[b, co, oh, ow (, ci)] = f(oh, ow)
@@ -268,16 +268,17 @@ def flatten_rows(c: Compute, t: TileShape) -> tuple[Compute, TileShape]:
     keep = [i for i in range(len(c.axes)) if i != w_axis]
     axes = tuple(p if i == h_axis else c.axes[i] for i in keep)
     extents = tuple(c.extents[i] * w if i == h_axis else c.extents[i] for i in keep)
+    shift = lambda i: i - (i > w_axis)  # noqa: E731  (axis positions after w's removal, counted from the start)
     hints = {k: v for k, v in c.hints.items() if k != "spatial"}
-    flat = Compute(c.out, axes, extents, substitute(c.body, m), substitute_all(c.store_index, m), hints)
-    shift = lambda i: i - (i > w_axis)  # noqa: E731
-    return flat, TileShape(h_axis, shift(t.n_axis), t.mr, t.nr, t.lanes, False, t.channels_innermost)
+    hints.update(m_axis=h_axis, n_axis=shift(c.hints.get("n_axis", -1) % len(c.axes)))
+    return Compute(c.out, axes, extents, substitute(c.body, m), substitute_all(c.store_index, m), hints)
 
 
 def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
                  schedule_plain: Callable[[Compute, str], list[Stmt]] | None = None) -> list[Stmt]:
     if t.flatten_rows:
-        c, t = flatten_rows(c, t)
+        c = flatten_rows(c)
+        t = TileShape(c.hints["m_axis"], c.hints["n_axis"], t.mr, t.nr, t.lanes, False, t.channels_innermost)
     red = next(e for e in walk(c.body) if isinstance(e, Reduce))
     m_v, n_v = c.axes[t.m_axis], c.axes[t.n_axis]
     M, N = c.extents[t.m_axis], c.extents[t.n_axis]

@@ -81,7 +81,7 @@ from kiln.kernel.ir import (
     walk,
 )
 from kiln.schedule.primitives import rename
-from kiln.schedule.tile import pick_mr, simplify_panels
+from kiln.schedule.tile import flatten_rows, pick_mr, simplify_panels
 from kiln.target import Target
 from kiln.ukernels import UKernel, narrow_cols, pack_kernel_for, ukernel_for
 
@@ -191,6 +191,11 @@ def schedule_ukernel(k: Kernel, c: Compute, tag: str, target: Target, threads: i
     main = ukernel_for(target)
     if main is None or c.hints.get("nr") != main.nr or "m_axis" not in c.hints:
         return None
+    spatial = [a % len(c.axes) for a in c.hints.get("spatial", ())]
+    if spatial and c.hints["m_axis"] % len(c.axes) == spatial[1] and c.extents[spatial[0]] > 1:
+        c = flatten_rows(c)  # as the direct tile does: row tiles of MR pixels that run on over row ends
+    if c.hints.get("out_block"):
+        c = merge_channel_blocks(c)
     reds = [e for e in walk(c.body) if isinstance(e, Reduce)]
     if len(reds) != 1 or reds[0].op != "sum" or reds[0].dtype != "float32" or k.buffer(c.out).dtype != "float32":
         return None
@@ -215,6 +220,26 @@ def schedule_ukernel(k: Kernel, c: Compute, tag: str, target: Target, threads: i
         k.extern_ir[narrow.name] = narrow.ir_text
     return _nest(k, c, tag, target, threads if options.get("parallel", True) else 1, uk, narrow, red, bload,
                  a_expr, (m_axis, n_axis), K)
+
+
+def merge_channel_blocks(c: Compute) -> Compute:
+    """A blocked conv output (graph/passes/block_layout.py) seen as one channel axis, the nest's n axis:
+
+        for b, cob, oh, ow, coi:  out[b, cob, oh, ow, coi] = f(co = cob·NR + coi)
+      ⇒ for b, oh, ow, co < Co:   out[b, co // NR, oh, ow, co % NR] = f(co)
+
+    so the panel index j of the generic nest is the channel block (co = j·NR + ni folds back: simplify_panels)."""
+    cob_axis, nr = 1, c.extents[-1]  # (b, cob, oh, ow, coi) or, rows flattened, (b, cob, p, coi)
+    cob, coi = c.axes[cob_axis], c.axes[-1]
+    co = Var(f"{cob.name}{coi.name}")
+    m: dict[Expr, Expr] = {cob: co // nr, coi: co % nr}
+    keep = [i for i in range(len(c.axes)) if i not in (cob_axis, len(c.axes) - 1)]
+    m_axis = c.hints["m_axis"] % len(c.axes)
+    hints = {**c.hints, "m_axis": keep.index(m_axis), "n_axis": -1, "out_block": 0}
+    hints.pop("spatial", None)
+    return Compute(c.out, tuple(c.axes[i] for i in keep) + (co,), tuple(c.extents[i] for i in keep) +
+                   (c.extents[cob_axis] * nr,), substitute(c.body, m),
+                   tuple(substitute(i, m) for i in c.store_index), hints)
 
 
 def _nest(k: Kernel, c: Compute, tag: str, target: Target, threads: int, uk: UKernel, narrow: UKernel | None,
@@ -297,8 +322,9 @@ def _nest(k: Kernel, c: Compute, tag: str, target: Target, threads: int, uk: UKe
 
     # 3. the epilogue on the hot tile
     m_expr, n_expr = row0 + mi, j * NR + ni
-    value = substitute(c.body, {red: Load(ct, (mi, ni), "float32"), m_v: m_expr, n_v: n_expr})
-    out_idx = tuple(substitute(i, {m_v: m_expr, n_v: n_expr}) for i in c.store_index)
+    value = simplify_panels(substitute(c.body, {red: Load(ct, (mi, ni), "float32"), m_v: m_expr, n_v: n_expr}),
+                            ni, NR)
+    out_idx = tuple(simplify_panels(substitute(i, {m_v: m_expr, n_v: n_expr}), ni, NR) for i in c.store_index)
     store: Stmt = Store(c.out, out_idx, value)
     n_ext: Expr = minimum(_i(NR), _i(N) - j * NR) if N % NR else _i(NR)
     out_flat = flat_index(out_idx, k.buffer(c.out).shape)

@@ -15,9 +15,9 @@ A value is blocked when its producer is a blocked conv, or an op that does not c
 (elementwise with scalar or per-channel constants, pooling, spatial reductions) reading blocked values. Any
 other consumer — and a graph output — gets FromBlocked, once per value. Channel counts that no block divides
 stay NCHW: padded channels would be computed too, and an op like Div or Log could turn them into NaN that a
-following conv multiplies by its zero weights. Only direct-strategy convs are blocked (the microkernel and
-library schedules take NCHW operands), and only on fixed-width targets (a scalable target's block would have
-to follow its run-time vector length)."""
+following conv multiplies by its zero weights. Convs built by a library call stay NCHW (the library takes plain
+operands), and only fixed-width targets block (a scalable target's block would have to follow its run-time
+vector length)."""
 from __future__ import annotations
 
 import numpy as np
@@ -29,6 +29,9 @@ from kiln.strategy import strategy_of
 from kiln.target import Target
 
 SPATIAL_REDUCE_KINDS = ("mean", "sum", "max", "min")
+# the strategies whose schedules take blocked operands: direct emission and the microkernel nest (whose panel
+# index is then the channel block, schedule/ukernel.py); a library call wants plain NCHW
+BLOCKED_STRATEGIES = ("direct", "ukernel")
 # a dense conv whose reduction (Ci·kh·kw multiply-adds per output) is at least this long reorders an NCHW input
 # into blocks and writes blocked output even where it must be reordered back: both reorders are a few
 # memory passes over tensors the conv reads ≥ 256 times (conv_r50_3x3 alone: 1.40 → 1.27 ms)
@@ -79,7 +82,7 @@ def _conv(g: Graph, n: Node, xb: Value | None, target: Target, block_out: bool) 
     block_out)."""
     x, w = n.inputs[0], n.inputs[1]
     a = n.attrs
-    if (w.const is None or w.dtype != "float32" or len(x.shape) != 4 or strategy_of(a) != "direct"
+    if (w.const is None or w.dtype != "float32" or len(x.shape) != 4 or strategy_of(a) not in BLOCKED_STRATEGIES
             or (xb is None and x.dtype != "float32")):
         return None
     co, cig = w.shape[0], w.shape[1]
@@ -106,7 +109,7 @@ def _heavy(n: Node, target: Target) -> bool:
     """A dense 2-D float conv with a long reduction over channels that a block divides."""
     x, w = n.inputs[0], n.inputs[1]
     return (n.attrs["group"] == 1 and len(x.shape) == 4 and x.dtype == w.dtype == "float32" and w.const is not None
-            and strategy_of(n.attrs) == "direct" and channel_block(x.shape[1], target) > 0
+            and strategy_of(n.attrs) in BLOCKED_STRATEGIES and channel_block(x.shape[1], target) > 0
             and channel_block(w.shape[0], target) > 0 and int(np.prod(w.shape[1:])) >= REORDER_MIN_REDUCTION)
 
 
