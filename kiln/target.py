@@ -83,8 +83,33 @@ def host() -> Target:
         bits, regs = 256, 16
     else:
         bits, regs = 128, 16
+    caches = _host_caches()
     return Target("host", llvm.get_process_triple(), llvm.get_host_cpu_name(), feats.flatten(), bits, regs,
-                  has_fma="fma" in on)
+                  has_fma="fma" in on, **{f"l{lvl}_bytes": size for lvl, size in caches.items()})
+
+
+def _host_caches() -> dict[int, int]:
+    """Per-core data (or unified) cache sizes by level from Linux sysfs (Zen 3: 32 KiB, 512 KiB, 32 MiB), for the
+    schedules' blocking; {} elsewhere (the Target defaults stand)."""
+    import glob
+    import os
+
+    out: dict[int, int] = {}
+    for d in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
+        try:
+            with open(os.path.join(d, "level")) as f:
+                level = int(f.read())
+            with open(os.path.join(d, "type")) as f:
+                kind = f.read().strip()
+            with open(os.path.join(d, "size")) as f:
+                text = f.read().strip()
+        except (OSError, ValueError):
+            continue
+        unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if kind in ("Data", "Unified") and level in (1, 2, 3) and digits.isdigit():
+            out[level] = int(digits) * unit
+    return out
 
 
 def host_with(vector_bits: int) -> Target:
@@ -94,8 +119,8 @@ def host_with(vector_bits: int) -> Target:
         return h
     drop = {256: ("avx512",), 128: ("avx512", "avx2", "avx", "fma")}[vector_bits]
     feats = ",".join(("-" + f[1:]) if f[1:].startswith(drop) else f for f in h.features.split(","))
-    regs = 16
-    return Target(f"host-{vector_bits}", h.triple, h.cpu, feats, vector_bits, regs, has_fma=vector_bits > 128)
+    return replace(h, name=f"host-{vector_bits}", features=feats, vector_bits=vector_bits, vector_registers=16,
+                   has_fma=vector_bits > 128)
 
 
 # -- cross targets ---------------------------------------------------------------------------------------------------

@@ -60,7 +60,7 @@ def test_overlapping_taps_shrink_the_tile() -> None:
     (14 spilled) and divides the 14-pixel rows; a 1×1 conv has no overlap and takes the full register budget."""
     t512 = _x86(512, 32)
     t = _tile(_lowered((1, 16, 14, 14), (64, 16, 3, 3), {"pads": [1, 1, 1, 1]}, t512), t512)
-    assert t is not None and t.mr * (t.nr // t.lanes) <= 14 and 14 % t.mr == 0 and not t.channels_innermost
+    assert t is not None and t.mr * (t.nr // t.lanes) <= 14 and 14 % t.mr == 0 and not t.channel_block
     t1 = _tile(_lowered((1, 512, 7, 9), (64, 512, 1, 1), {}, t512), t512)
     assert t1 is not None and t1.mr > 7
 
@@ -70,7 +70,7 @@ def test_few_registers_put_channels_innermost() -> None:
     the classic 6×16, its rows running on over the ends of the 14-pixel output rows (no 6+6+2 edge tiles)."""
     t256 = _x86(256, 16)
     t = _tile(_lowered((1, 16, 14, 14), (64, 16, 3, 3), {"pads": [1, 1, 1, 1]}, t256), t256)
-    assert t is not None and t.channels_innermost and t.flatten_rows and (t.mr, t.nr) == (6, 16)
+    assert t is not None and t.channel_block == 16 and t.flatten_rows and (t.mr, t.nr) == (6, 16)
     model, feeds = op_model("Conv", [rand(1, 48, 14, 14, seed=1), C(rand(64, 48, 3, 3, seed=2)), C(rand(64, seed=3))],
                             {"pads": [1, 1, 1, 1]})
     check(model, feeds, TOL)  # Ci = 48: channel blocks of 16

@@ -22,8 +22,10 @@ def _plan(model):
 def _place(plan, value: str):
     """The placement of the graph value named `value` (the importer names values `Op:name.N`; the blocked
     layout's twin of a value `Op:name.N.blocked.M`, graph/passes/block_layout.py)."""
-    (p,) = [p for k, p in plan.places.items()
-            if re.sub(r"\.blocked\.\d+$", "", k.split(":")[-1]).rsplit(".", 1)[0] == value]
+    found = {k: p for k, p in plan.places.items()
+             if re.sub(r"\.blocked\.\d+$", "", k.split(":")[-1]).rsplit(".", 1)[0] == value}
+    blocked = [p for k, p in found.items() if ".blocked." in k]  # the twin the blocked kernels read and write
+    (p,) = blocked or list(found.values())
     return p
 
 

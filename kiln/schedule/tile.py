@@ -55,6 +55,11 @@ from kiln.schedule.primitives import combine
 from kiln.target import Target
 
 
+# a blocked input's channel loop is unrolled in runs of at most this many FMAs (see tile_compute): AVX2 6×16 tiles
+# unroll 16-channel blocks whole (192 FMAs), AVX-512 14×32 tiles 8 of their 32 channels (224)
+UNROLL_FMAS = 256
+
+
 @dataclass(frozen=True)
 class TileShape:
     m_axis: int
@@ -64,8 +69,9 @@ class TileShape:
     lanes: int
     # a conv tile over output channels: its MR rows run on over the ends of output rows (see `flatten_rows`)
     flatten_rows: bool = False
-    # the reduction's first axis (a conv's input channels) innermost: no broadcast is live across kernel taps
-    channels_innermost: bool = False
+    # > 0: the reduction's first axis (a conv's input channels) innermost, in blocks of this many channels (the
+    # taps loop over each block): no broadcast is live across kernel taps
+    channel_block: int = 0
 
 
 def _depends(e: Expr, v: Var) -> bool:
@@ -124,6 +130,7 @@ def _packed_tile(c: Compute, red: Reduce, target: Target) -> TileShape:
     # the unrolled taps, beside MR·nvec accumulators and taps·nvec weight vectors
     shared_taps = (regs - nvec * taps - taps - 2) // (nvec + 1)
     channels_innermost = taps > 1 and shared_taps * nvec < target.fma_chains
+    cb = input_channel_block(red.axes[0][1], taps, nr, target.l1_bytes) if channels_innermost else 0
     if c.hints.get("depthwise"):
         # per tap: nvec weight vectors shared by the MR rows, and each row's input vectors (loads, not
         # broadcasts) — at least nvec registers beside the accumulators and the weights
@@ -151,8 +158,8 @@ def _packed_tile(c: Compute, red: Reduce, target: Target) -> TileShape:
     if spatial and m_axis == spatial[1] and c.extents[spatial[0]] > 1 and not c.hints.get("depthwise"):
         flat_mr = pick_mr(c.extents[spatial[0]] * c.extents[spatial[1]], most)
         if flat_mr > mr:
-            return TileShape(m_axis, n_axis, flat_mr, nr, lanes, True, channels_innermost)
-    return TileShape(m_axis, n_axis, mr, nr, lanes, False, channels_innermost)
+            return TileShape(m_axis, n_axis, flat_mr, nr, lanes, True, cb)
+    return TileShape(m_axis, n_axis, mr, nr, lanes, False, cb)
 
 
 def _depthwise_rows_tile(c: Compute, target: Target) -> TileShape | None:
@@ -193,14 +200,13 @@ def _taps_along(c: Compute, red: Reduce, m_v: Var) -> int:
     return taps
 
 
-def input_channel_block(ci: int) -> int:
-    """Input channels per block when they run innermost: CB channels × taps of weights (CB·taps·NR floats)
-    and of pixels stay in L1 while the taps loop over them; a 3×3 conv sweeping all of Ci per tap would
-    stream both from L2 nine times (7×7 plane, Ci=512: 107 GFLOP/s)."""
-    for cb in range(16, 0, -1):  # 16 measured best on AVX2 (3×3 at 7×7: 146 GFLOP/s; 8: 130; 64: 140)
-        if ci % cb == 0:
-            return cb
-    return 1
+def input_channel_block(ci: int, taps: int, nr: int, l1_bytes: int) -> int:
+    """Input channels per block when they run innermost: the block's weights (CB·taps·NR floats) fill at most
+    half of L1, beside the pixels, while the taps loop over them; a 3×3 conv sweeping all of Ci per tap would
+    stream both from L2 nine times (7×7 plane, Ci=512: 107 GFLOP/s). The largest divisor of Ci that fits:
+    AVX2 3×3, NR=16, 32 KiB L1 → 16 (measured at 7×7: CB 8 / 16 / 64 → 130 / 146 / 140 GFLOP/s)."""
+    most = max(1, l1_bytes // 2 // (taps * nr * 4))
+    return next(cb for cb in range(min(most, ci), 0, -1) if ci % cb == 0)
 
 
 def pick_mr(m: int, most: int) -> int:
@@ -278,7 +284,7 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
                  schedule_plain: Callable[[Compute, str], list[Stmt]] | None = None) -> list[Stmt]:
     if t.flatten_rows:
         c = flatten_rows(c)
-        t = TileShape(c.hints["m_axis"], c.hints["n_axis"], t.mr, t.nr, t.lanes, False, t.channels_innermost)
+        t = TileShape(c.hints["m_axis"], c.hints["n_axis"], t.mr, t.nr, t.lanes, False, t.channel_block)
     red = next(e for e in walk(c.body) if isinstance(e, Reduce))
     m_v, n_v = c.axes[t.m_axis], c.axes[t.n_axis]
     M, N = c.extents[t.m_axis], c.extents[t.n_axis]
@@ -320,9 +326,23 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
 
     red_axes = red.axes
     split: dict[Expr, Expr] = {}
-    if t.channels_innermost:  # for rc_o, taps…, rc_i < CB: a block's pixels and weights stay in L1
+    unroll_last = 0
+    if c.hints.get("in_block"):
+        # a blocked input's channels (the innermost reduction axis) unrolled, in runs of at most UNROLL_FMAS: each
+        # step's pixels are then constant offsets from one address per tile row (AVX2, 1×1 conv, Ci=1024 on 14×14:
+        # 163 → 185 GFLOP/s; unrolling the taps too measured slower). Longer unrolled runs let LLVM's scheduler
+        # hoist loads until vectors spill (AVX-512 14×32 tiles, 16 channels unrolled: ~1.4 spills per FMA in the
+        # compiled code; 8: none)
+        (rc, ci) = red.axes[-1]
+        fmas = t.mr * max(1, t.nr // t.lanes)
+        unroll_last = max(d for d in range(1, min(ci, max(1, UNROLL_FMAS // fmas)) + 1) if ci % d == 0)
+        if unroll_last < ci:
+            rco, rci = Var(f"{rc.name}o"), Var(f"{rc.name}u")
+            split = {rc: rco * unroll_last + rci}
+            red_axes = red.axes[:-1] + ((rco, ci // unroll_last), (rci, unroll_last))
+    if t.channel_block:  # for rc_o, taps…, rc_i < CB: a block's pixels and weights stay in L1
         (rc, ci), taps = red.axes[0], red.axes[1:]
-        cb = input_channel_block(ci)
+        cb = t.channel_block
         rco, rci = Var(f"{rc.name}o"), Var(f"{rc.name}i")
         split = {rc: rco * cb + rci}
         red_axes = ((rco, ci // cb),) + taps + ((rci, cb),)
@@ -338,11 +358,7 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
         update: Stmt = Loop(mi, Const(t.mr, "int64"),
                             [Assign(acc, combine("sum", LocalRef(acc, red.dtype, mi), term), mi)], "unroll")
         for i, (v, e) in enumerate(reversed(red_axes)):
-            # a blocked input's channels (the innermost axis, cb of them) unrolled: each step's pixels are then
-            # constant offsets from one address per tile row (1×1 conv, Ci=1024 on 14×14: 163 → 185 GFLOP/s;
-            # unrolling the taps too measured slower)
-            kind = "unroll" if i == 0 and c.hints.get("in_block") else "serial"
-            update = Loop(v, Const(e, "int64"), [update], kind)
+            update = Loop(v, Const(e, "int64"), [update], "unroll" if i == 0 and unroll_last else "serial")
         out_idx = substitute_all(c.store_index, {m_v: m_expr, n_v: n_expr})
         epilogue = substitute(c.body, {red: LocalRef(acc, red.dtype, mi), m_v: m_expr, n_v: n_expr})
         store: Stmt = Store(c.out, out_idx, epilogue)
