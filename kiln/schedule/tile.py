@@ -54,7 +54,6 @@ from kiln.schedule.guards import split_interior
 from kiln.schedule.primitives import combine
 from kiln.target import Target
 
-
 # a blocked input's channel loop is unrolled in runs of at most this many FMAs (see tile_compute): AVX2 6×16 tiles
 # unroll 16-channel blocks whole (192 FMAs), AVX-512 14×32 tiles 8 of their 32 channels (224)
 UNROLL_FMAS = 256
