@@ -1,10 +1,11 @@
 """Halide peer (GEMM only): C = A @ B written as a Halide pipeline, JIT-compiled for the host.
 
 Strategies:
-- "hand": B packed into 32-column panels (Bp[xi, k, xo], computed per call: a few % of the run),
-  an 8x32 register tile of accumulators (2 AVX-512 vectors x 8 rows, the reduction innermost over
-  k with the tile unrolled), tiles of C parallel over row blocks. Sizes that are not multiples of
-  the tile are handled by GuardWithIf (B's exterior reads 0).
+- "hand": B packed into TX-column panels (Bp[xi, k, xo], computed per call: a few % of the run),
+  a TY x TX register tile of accumulators (the reduction innermost over k with the tile unrolled),
+  tiles of C parallel over row blocks: with AVX-512, 8x32 (2 zmm x 8 rows); with AVX2, 6x16 (2 ymm x
+  6 rows: the 8x32 tile's 32 ymm accumulators spill on AVX2's 16 registers, 37 ms on gemm_1024 vs 11).
+  Sizes that are not multiples of the tile are handled by GuardWithIf (B's exterior reads 0).
 - "adams2019": the same algorithm (no packing stage) scheduled by the Adams2019 autoscheduler with
   its built-in cost model, `parallelism = threads`, estimates = the workload's shape.
 Halide's Buffer wraps the numpy arrays without copying (axes reversed: x is the column).
@@ -25,7 +26,8 @@ import numpy as np
 from kiln.bench.peers.base import Peer, PeerError, Runner, dist_version, gemm_input, gemm_of, try_import
 from kiln.bench.workload import Workload
 
-TX, TY, VEC = 32, 8, 16  # register tile: TX columns (TX/VEC vectors) x TY rows
+# register tile per ISA: TX columns (TX/VEC vectors) x TY rows
+TILES = {"avx512": (32, 8, 16), "avx2": (16, 6, 8)}
 _pool_threads: list[int] = []
 
 
@@ -47,6 +49,7 @@ def build(m: int, n: int, k: int, strategy: str, threads: int) -> tuple[Any, Any
     r = hl.RDom([(0, k)], "r")
     out = hl.Func("out")
     target = hl.get_jit_target_from_environment()
+    TX, TY, VEC = TILES["avx512" if target.has_feature(hl.TargetFeature.AVX512) else "avx2"]
     if strategy == "hand":
         bc = hl.BoundaryConditions.constant_exterior(b_p, 0.0)
         packed, prod = hl.Func("Bp"), hl.Func("prod")
