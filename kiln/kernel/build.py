@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-import kiln.kernel.lower_packed  # noqa: F401  (registers the PackedMatMul lowering)
+import kiln.kernel.lower_packed  # noqa: F401  (registers the PackedMatMul / PackedConv lowerings)
+import kiln.kernel.lower_winograd  # noqa: F401  (registers the Winograd stages' lowerings)
 from kiln.errors import UnsupportedOperator
 from kiln.graph.ir import Graph, Node, Value
 from kiln.graph.ops import OPS
@@ -211,6 +212,8 @@ def _flops(g: Group) -> float:
             total += 2.0 * n.outputs[0].type.size * n.inputs[1].type.size / n.inputs[1].shape[0]
         elif n.op == "PackedConv":  # Wp[⌈Co/NR⌉, Ci, kh, kw, NR]: Ci·kh·kw multiply-adds per output
             total += 2.0 * n.outputs[0].type.size * int(np.prod(n.inputs[1].shape[1:-1]))
+        elif n.op == "WinogradProduct":  # the multiply-adds really done: 16 GEMMs over the tiles
+            total += 2.0 * n.outputs[0].type.size * n.inputs[0].shape[3] * n.inputs[0].shape[5]
         elif n.op == "ConvTranspose":
             total += 2.0 * n.inputs[0].type.size * n.inputs[1].type.size / n.inputs[1].shape[0]
     return total

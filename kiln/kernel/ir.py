@@ -34,6 +34,11 @@ class Expr:
                 return b
             if op == "*" and a.value == 0 and self.dtype.startswith("int"):
                 return a
+        if isinstance(a, Const) and isinstance(b, Const) and op in _FOLD and (
+                a.dtype == "bool" if op in ("and", "or") else a.dtype.startswith("int")):
+            # integer / boolean constants fold (an unrolled loop's selects: schedule/winograd.py)
+            v = _FOLD[op](a.value, b.value)
+            return Const(v, "bool" if isinstance(v, bool) else a.dtype)
         return Bin(op, a, b)
 
     def __add__(self, o: Any) -> Expr:
@@ -100,6 +105,10 @@ class Load(Expr):
 
 
 _CMP = ("<", "<=", "==", "!=", ">", ">=")
+_FOLD = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
+         "<": lambda a, b: a < b, "<=": lambda a, b: a <= b, "==": lambda a, b: a == b, "!=": lambda a, b: a != b,
+         ">": lambda a, b: a > b, ">=": lambda a, b: a >= b,
+         "and": lambda a, b: bool(a and b), "or": lambda a, b: bool(a or b)}
 _LOGIC = ("and", "or", "xor")
 
 
@@ -266,6 +275,8 @@ def rebuild(e: Expr, kids: list[Expr]) -> Expr:
     if isinstance(e, Un):
         return Un(e.op, kids[0])
     if isinstance(e, Select):
+        if isinstance(kids[0], Const):  # a folded condition picks its arm
+            return kids[1] if kids[0].value else kids[2]
         return Select(*kids)
     return replace(e, **dict(zip(names, kids)))
 

@@ -13,6 +13,7 @@ from kiln.schedule.guards import interior_swap
 from kiln.schedule.primitives import compute_to_loops, fuse, parallel, rename, split, vectorize
 from kiln.schedule.reorder import schedule_reorder
 from kiln.schedule.tile import choose_tile, tile_compute
+from kiln.schedule.winograd import schedule_winograd
 from kiln.target import Target
 
 PARALLEL_MIN_WORK = 1 << 15  # below this many inner iterations a fork/join costs more than it saves
@@ -27,6 +28,10 @@ def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: i
                      options: dict[str, bool]) -> list[Stmt]:
     if "reorder" in c.hints and options.get("vectorize", True):  # a layout change: transposes (reorder.py)
         nest = schedule_reorder(c, target, threads if options.get("parallel", True) else 1)
+        if nest is not None:
+            return nest
+    if "winograd" in c.hints and options.get("vectorize", True):  # Winograd's transforms (winograd.py)
+        nest = schedule_winograd(c, target, threads if options.get("parallel", True) else 1)
         if nest is not None:
             return nest
     if options.get("fuse_axes", True):

@@ -110,9 +110,12 @@ def _eval_index(e: Expr, env: dict[str, int]) -> int | None:
     return None
 
 
-def _panel_operand(red: Reduce, n_v: Var, nr: int, shape_of) -> tuple[Load, Expr] | None:  # noqa: ANN001
-    """Split the reduction body into (B panel load, A expression): body = A · Bp with Bp's flat index equal to
-    (n // NR)·K·NR + k(r)·NR + n % NR, k(r) the row-major position of r over the reduction axes."""
+def _panel_operand(red: Reduce, n_v: Var, nr: int, shape_of, others: list[tuple[Var, int]]  # noqa: ANN001
+                   ) -> tuple[Load, Expr, Expr] | None:
+    """Split the reduction body into (B panel load, A expression, panel base): body = A · Bp with Bp's flat index
+    equal to base(others) + (n // NR)·K·NR + k(r)·NR + n % NR, k(r) the row-major position of r over the reduction
+    axes, and base a function of the other output axes only (0 for one weight; Winograd's per-(r, c) weights:
+    graph/passes/winograd.py)."""
     body = red.body
     if not (isinstance(body, Bin) and body.op == "*"):
         return None
@@ -130,16 +133,20 @@ def _panel_operand(red: Reduce, n_v: Var, nr: int, shape_of) -> tuple[Load, Expr
     flat = simplify_panels(substitute(flat_index(b.index, shape), {n_v: j * nr + ni}), ni, nr)
     if coef(flat, ni) != 1:
         return None
+    zero = Const(0, "int64")
+    base = substitute(flat, {j: zero, ni: zero, **{v: zero for v, _ in red.axes}})
     rng = np.random.default_rng(0)
     for _ in range(6):  # the layout check: a few random points (all index arithmetic here is affine)
         env = {j.name: int(rng.integers(0, max(1, int(np.prod(shape)) // (K * nr)))), ni.name: int(rng.integers(nr))}
+        env.update({v.name: int(rng.integers(n)) for v, n in others})
         kflat = 0
         for (v, n) in red.axes:
             env[v.name] = int(rng.integers(n))
             kflat = kflat * n + env[v.name]
-        if _eval_index(flat, env) != (env[j.name] * K + kflat) * nr + env[ni.name]:
+        at_base = _eval_index(base, env)
+        if at_base is None or _eval_index(flat, env) != at_base + (env[j.name] * K + kflat) * nr + env[ni.name]:
             return None
-    return b, a
+    return b, a, base
 
 
 def _max_stride(k: Kernel, e: Expr, v: Var) -> int | None:
@@ -205,10 +212,11 @@ def schedule_ukernel(k: Kernel, c: Compute, tag: str, target: Target, threads: i
     if m_axis == n_axis:
         return None
     n_v, M = c.axes[n_axis], c.extents[m_axis]
-    split = _panel_operand(red, n_v, main.nr, lambda name: k.buffer(name).shape)
+    others = [(v, e) for i, (v, e) in enumerate(zip(c.axes, c.extents)) if i not in (m_axis, n_axis)]
+    split = _panel_operand(red, n_v, main.nr, lambda name: k.buffer(name).shape, others)
     if split is None:
         return None
-    bload, a_expr = split
+    bload, a_expr, b_base = split
     K = int(np.prod([n for _, n in red.axes]))
     uk = ukernel_for(target, pick_mr(M, main.mr))
     assert uk is not None
@@ -219,7 +227,7 @@ def schedule_ukernel(k: Kernel, c: Compute, tag: str, target: Target, threads: i
     if narrow is not None:
         k.extern_ir[narrow.name] = narrow.ir_text
     return _nest(k, c, tag, target, threads if options.get("parallel", True) else 1, uk, narrow, red, bload,
-                 a_expr, (m_axis, n_axis), K)
+                 b_base, a_expr, (m_axis, n_axis), K)
 
 
 def merge_channel_blocks(c: Compute) -> Compute:
@@ -229,7 +237,8 @@ def merge_channel_blocks(c: Compute) -> Compute:
       ⇒ for b, oh, ow, co < Co:   out[b, co // NR, oh, ow, co % NR] = f(co)
 
     so the panel index j of the generic nest is the channel block (co = j·NR + ni folds back: simplify_panels)."""
-    cob_axis, nr = 1, c.extents[-1]  # (b, cob, oh, ow, coi) or, rows flattened, (b, cob, p, coi)
+    # (b, cob, oh, ow, coi), rows flattened (b, cob, p, coi), or Winograd's product (b, r, c, cob, t, coi)
+    cob_axis, nr = c.hints.get("block_axis", 1) % len(c.axes), c.extents[-1]
     cob, coi = c.axes[cob_axis], c.axes[-1]
     co = Var(f"{cob.name}{coi.name}")
     m: dict[Expr, Expr] = {cob: co // nr, coi: co % nr}
@@ -243,7 +252,7 @@ def merge_channel_blocks(c: Compute) -> Compute:
 
 
 def _nest(k: Kernel, c: Compute, tag: str, target: Target, threads: int, uk: UKernel, narrow: UKernel | None,
-          red: Reduce, bload: Load, a_expr: Expr, mn: tuple[int, int], K: int) -> list[Stmt]:
+          red: Reduce, bload: Load, b_base: Expr, a_expr: Expr, mn: tuple[int, int], K: int) -> list[Stmt]:
     m_axis, n_axis = mn
     m_v, n_v = c.axes[m_axis], c.axes[n_axis]
     M, N = c.extents[m_axis], c.extents[n_axis]
@@ -309,12 +318,12 @@ def _nest(k: Kernel, c: Compute, tag: str, target: Target, threads: int, uk: UKe
 
     def calls_of(fn: str) -> list[Stmt]:
         if n_kc == 1:
-            return [Call(fn, (Addr(ap, (a_at,)), Addr(bload.buf, (j * (K * NR),)), Addr(ct, (_i(0),)), _i(NR),
+            return [Call(fn, (Addr(ap, (a_at,)), Addr(bload.buf, (b_base + j * (K * NR),)), Addr(ct, (_i(0),)), _i(NR),
                               _i(K), Const(0, "int32")))]
         kext: Expr = minimum(_i(KC), _i(K) - kc * KC) if K % KC else _i(KC)
         flag = Select(cmp(">", kc, _i(0)), Const(1, "int32"), Const(0, "int32"))
         return [Loop(kc, _i(n_kc), [Call(fn, (
-            Addr(ap, (a_at + kc * (KC * MR),)), Addr(bload.buf, (j * (K * NR) + kc * (KC * NR),)),
+            Addr(ap, (a_at + kc * (KC * MR),)), Addr(bload.buf, (b_base + j * (K * NR) + kc * (KC * NR),)),
             Addr(ct, (_i(0),)), _i(NR), kext, flag))])]
     calls = calls_of(uk.name)
     if narrow is not None:  # the last panel, ≤ one vector of valid columns: the narrow edge kernel

@@ -12,6 +12,7 @@ from kiln.graph.passes.fold_batchnorm import fold_batchnorm
 from kiln.graph.passes.fold_constants import fold_constants
 from kiln.graph.passes.materialize_outputs import materialize_outputs
 from kiln.graph.passes.pack_weights import pack_weights
+from kiln.graph.passes.winograd import winograd_conv
 from kiln.target import Target
 
 Pass = Callable[..., Graph]  # Graph → Graph, optionally also given the Target
@@ -23,6 +24,7 @@ GRAPH_PASSES: list[tuple[str, Pass]] = [
     ("fold_batchnorm", fold_batchnorm),
     ("eliminate_dead_code", eliminate_dead_code),
     ("block_layout", block_layout),
+    ("winograd", winograd_conv),
     ("pack_weights", pack_weights),
     ("", materialize_outputs),
 ]

@@ -1,0 +1,109 @@
+"""Winograd F(2×2, 3×3) for blocked 3×3 stride-1 convolutions (Lavin & Gray 2016):
+
+    PackedConv(xb, Wp, b) 3×3/1  ⇒  V = WinogradInput(xb)       V[n, r, c, cib, t, ci] = (Bᵀ d B)[r, c]
+                                    M = WinogradProduct(V, U)  M[n, r, c, cob, t, co] = Σ_ci V · U
+                                    y = WinogradOutput(M, b)   y[n, cob, oh, ow, co] = (Aᵀ m A)[oh%2, ow%2] + b
+
+per 2×2 output tile t (d: its 4×4 input patch, m: its 16 products), with the weights transformed at compile time,
+U[r, c, cob, cib, ci, co] = (G g Gᵀ)[r, c] for each (co, ci) pair's 3×3 kernel g. The multiply-adds per output
+fall from 9·Ci to 4·Ci (the 16 products serve 4 outputs): the product is 16 independent GEMMs, one per (r, c),
+each a blocked 1×1 convolution over the tiles — the same register tile as every other conv
+(schedule/tile.py). The transforms are additions (Bᵀ, Aᵀ hold 0 and ±1) and streaming memory traffic: V and M
+are 16/4 = 4× the input / output size. The epilogue (bias, folded BN, activation, residual add) fuses into the
+output transform.
+
+Applies where the layout is blocked in and out (graph/passes/block_layout.py) — for the direct strategy and the
+microkernel one (the product is a GEMM the microkernel nest takes as it takes a blocked conv; a library keeps
+its NCHW im2col convolution) — and where the GEMMs have enough work to repay the transforms: Ci ≥ 32 and
+Co ≥ 32. Rounding: the transforms add at most a few ulps per product (F(2, 3)'s coefficients are 0, ±1/2, ±1),
+far inside the 1e-4 relative tolerance the tests hold it to."""
+from __future__ import annotations
+
+import numpy as np
+
+from kiln.graph.ir import Graph, Node, TensorType, Value
+from kiln.graph.ops import OPS, OpDef
+from kiln.strategy import strategy_of
+
+MIN_CHANNELS = 32
+
+G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]])
+
+
+def tiles(oh: int, ow: int) -> tuple[int, int]:
+    return -(-oh // 2), -(-ow // 2)
+
+
+def _input_shape(ts: list[TensorType], a: dict) -> list[TensorType]:
+    n, cib, _, _, cb = ts[0].shape
+    th, tw = tiles(*a["out_hw"])
+    return [TensorType(ts[0].dtype, (n, 4, 4, cib, th * tw, cb))]
+
+
+def _product_shape(ts: list[TensorType], a: dict) -> list[TensorType]:
+    n, _, _, _, t, _ = ts[0].shape
+    _, _, cob, _, _, nr = ts[1].shape
+    return [TensorType(ts[0].dtype, (n, 4, 4, cob, t, nr))]
+
+
+def _output_shape(ts: list[TensorType], a: dict) -> list[TensorType]:
+    n, _, _, cob, _, nr = ts[0].shape
+    return [TensorType(ts[0].dtype, (n, cob) + tuple(a["out_hw"]) + (nr,))]
+
+
+OPS["WinogradInput"] = OpDef(_input_shape, None, "data")
+OPS["WinogradProduct"] = OpDef(_product_shape, None, "anchor")
+OPS["WinogradOutput"] = OpDef(_output_shape, None, "unary")
+
+
+def transform_weights(w: np.ndarray, cb: int, nr: int) -> np.ndarray:
+    """W[Co, Ci, 3, 3] → U[4, 4, Co/nr, Ci/cb, cb, nr] with U[r, c, ·] = G g Gᵀ."""
+    co, ci = w.shape[:2]
+    u = np.einsum("ra,oiab,cb->rcoi", G, w.astype(np.float64), G)  # [4, 4, Co, Ci]
+    u = u.reshape(4, 4, co // nr, nr, ci // cb, cb).transpose(0, 1, 2, 4, 5, 3)
+    return np.ascontiguousarray(u.astype(np.float32))
+
+
+def unpack_blocked_conv(wp: np.ndarray) -> np.ndarray:
+    """Wp[Co/nr, Ci/cb, kh, kw, cb, nr] (block_layout.pack_blocked_conv) back to W[Co, Ci, kh, kw]."""
+    cob, cib, kh, kw, cb, nr = wp.shape
+    return wp.transpose(0, 5, 1, 4, 2, 3).reshape(cob * nr, cib * cb, kh, kw)
+
+
+def _eligible(n: Node) -> bool:
+    a = n.attrs
+    if n.op != "PackedConv" or strategy_of(a) not in ("direct", "ukernel") or a["group"] != 1 \
+            or not a.get("in_block") or not a.get("out_block") or a["kernel"] != (3, 3) or a["strides"] != (1, 1) \
+            or a["dilations"] != (1, 1) or n.inputs[1].const is None:
+        return False
+    x, y = n.inputs[0], n.outputs[0]
+    return x.shape[1] * x.shape[-1] >= MIN_CHANNELS and a["co"] >= MIN_CHANNELS and x.shape[0] == y.shape[0]
+
+
+def winograd_conv(g: Graph) -> Graph:
+    nodes: list[Node] = []
+    for n in g.nodes:
+        if not _eligible(n):
+            nodes.append(n)
+            continue
+        x, wp, y = n.inputs[0], n.inputs[1], n.outputs[0]
+        a = n.attrs
+        cb, nr = x.shape[-1], a["nr"]
+        out_hw = y.shape[2:4]
+        u = transform_weights(unpack_blocked_conv(wp.const), cb, nr)
+        uv = Value(g.fresh(wp.name + ".winograd"), TensorType("float32", u.shape), const=u)
+        attrs = {"out_hw": tuple(out_hw), "pads": a["pads"]}
+        (vt,) = _input_shape([x.type], attrs)
+        v = Value(g.fresh(y.name + ".wino_in"), vt)
+        (mt,) = _product_shape([vt, uv.type], {})
+        m = Value(g.fresh(y.name + ".wino_prod"), mt)
+        first = Node("WinogradInput", [x], [v], attrs, n.name + ".winograd_input")
+        prod = Node("WinogradProduct", [v, uv], [m], {"nr": nr, "strategy": a.get("strategy", "direct")},
+                    n.name)
+        last = Node("WinogradOutput", [m] + n.inputs[2:], [y], {"out_hw": tuple(out_hw)}, n.name + ".winograd_output")
+        for node in (first, prod, last):
+            for o in node.outputs:
+                o.producer = node
+        nodes += [first, prod, last]
+    g.nodes = nodes
+    return g

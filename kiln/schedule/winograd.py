@@ -1,0 +1,77 @@
+"""Schedules of the Winograd transforms (kernel/lower_winograd.py): the transform index unrolled, so its selects
+fold to two to four additions per value and the loads they share are read once; vectors over the channel block.
+
+    input, V[b, r, c, cib, t, ci]:
+      for (b, cib, t) parallel:
+        if interior(t):  (the tile's 4×4 input patch inside the input: no guards, guards.py)
+          for ci in 0..cb vector<L>:
+            V[b, 0, 0, cib, t, ci] = d00 − d02 − d20 + d22          # 16 stores, one per (r, c), 16 loads shared
+            …
+        else: the same with each d a guarded (masked) load
+    output, y[b, cob, oh, ow, co] with oh = 2·th + i, ow = 2·tw + j (and the fused epilogue):
+      for (b, cob, th) parallel:
+        for tw:
+          for co in 0..nr vector<L>:
+            y[b, cob, 2·th, 2·tw, co] = m00 + m01 + m02 + m10 + m11 + m12 + m20 + m21 + m22 (+ bias, …)
+            …                                                       # 4 stores; rows / columns past OH / OW guarded
+"""
+from __future__ import annotations
+
+from kiln.kernel.ir import Bin, Compute, Const, Expr, If, Loop, Reduce, Stmt, Store, Var, cmp, substitute, walk
+from kiln.schedule.guards import interior_swap
+from kiln.schedule.primitives import fuse, rename
+from kiln.target import Target
+
+
+def _nest(loops: list[tuple[Var, int]], body: list[Stmt], threads: int) -> list[Stmt]:
+    """Loops around `body`, outermost first, fused into one parallel loop."""
+    for v, e in reversed(loops):
+        body = [Loop(v, Const(e, "int64"), body)]
+    top = body[0]
+    for _ in range(len(loops) - 1):
+        top = fuse(top)
+    if threads > 1:
+        top.kind = "parallel"
+    return [top]
+
+
+def _halves(x: Var, half: Var, k: int) -> dict[Expr, Expr]:
+    """x = 2·half + k: x // 2 → half, x % 2 → k, x → 2·half + k (the lowering's own forms of x)."""
+    two = Const(2, "int64")
+    return {Bin("//", x, two): half, Bin("%", x, two): Const(k, "int64"), x: half * 2 + k}
+
+
+def schedule_winograd(c: Compute, target: Target, threads: int) -> list[Stmt] | None:
+    kind = c.hints["winograd"]
+    lanes = target.lanes(32)
+    if any(isinstance(e, Reduce) for e in walk(c.body)):
+        return None  # the output transform fused into another anchor's epilogue (a shortcut conv's residual add)
+    if kind == "input":
+        b, r, cc, cib, t, ci = c.axes
+        nb, _, _, ncib, nt, cb = c.extents
+        stores: list[Stmt] = [Store(c.out, (b, Const(i, "int64"), Const(j, "int64"), cib, t, ci),
+                                    substitute(c.body, {r: Const(i, "int64"), cc: Const(j, "int64")}))
+                              for i in range(4) for j in range(4)]
+        vec = Loop(ci, Const(cb, "int64"), stores, "vector", min(lanes, cb), masked=True)
+        body: list[Stmt] = [vec]
+        found = interior_swap(c.body, {ci: cb})
+        if found is not None:
+            body = [If(found[1], rename(body, found[0]), body)]
+        return _nest([(b, nb), (cib, ncib), (t, nt)], body, threads)
+    if kind == "output":
+        b, cob, oh, ow, co = c.axes
+        nb, ncob, h, w, nr = c.extents
+        th, tw = Var("th"), Var("tw")
+        stores = []
+        for i in range(2):
+            for j in range(2):
+                m = {**_halves(oh, th, i), **_halves(ow, tw, j)}
+                st: Stmt = Store(c.out, tuple(substitute(x, m) for x in c.store_index), substitute(c.body, m))
+                if h % 2 and i:  # an odd height: the last tile row has one output row
+                    st = If(cmp("<", th * 2 + i, h), [st])
+                if w % 2 and j:
+                    st = If(cmp("<", tw * 2 + j, w), [st])
+                stores.append(st)
+        vec = Loop(co, Const(nr, "int64"), stores, "vector", min(lanes, nr), masked=True)
+        return _nest([(b, nb), (cob, ncob), (th, -(-h // 2))], [Loop(tw, Const(-(-w // 2), "int64"), [vec])], threads)
+    return None
