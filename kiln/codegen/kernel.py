@@ -8,7 +8,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from kiln.codegen.bounds import BoundsChecker
-from kiln.codegen.exprs import I32, I64, MEMORY, PTR, SCALAR, ExprEmitter, VectorCtx, elem_bytes
+from kiln.codegen.exprs import I32, I64, MEMORY, PTR, SCALAR, ExprEmitter, VectorCtx, elem_bytes, prefix_store
 from kiln.codegen.loops import emit_loop
 from kiln.codegen.scalable import ScalableExprEmitter, loop_is_scalable, reduce_is_scalable
 from kiln.codegen.scalable import emit_vector_loop as emit_scalable_loop
@@ -177,6 +177,8 @@ class KernelEmitter:
                 mask = em.bounds.lanes(ptr, em.bounds.progression(em._at_base(flat), 1, n), mask)
             if mask is None:
                 b.store(val, p, align=align)
+            elif em.vec.prefix and not em.bounds:
+                prefix_store(b, val, p, em.vec.prefix, mt, align)
             else:
                 vt = ir.VectorType(mt, n)
                 b.call(em._decl(f"llvm.masked.store.v{n}{em._tname(mt)}.p0", ir.VoidType(),
@@ -238,7 +240,11 @@ class KernelEmitter:
                 with b.if_then(b.icmp_signed(">", rem, ir.Constant(I64, 0))):
                     lanes = ir.Constant(ir.VectorType(I64, n), list(range(n)))
                     mask = b.icmp_signed("<", lanes, em.splat(rem, n))
-                    em.vec = VectorCtx(s.var, n, main_end, mask)
+                    # a loop shorter than a vector (a 6-row tile in 8 lanes): the mask is a known prefix
+                    known = isinstance(s.extent, Const) and isinstance(lo, ir.Constant) and \
+                        isinstance(lo.constant, int)
+                    prefix = (int(s.extent.value) - lo.constant) % n if known else None
+                    em.vec = VectorCtx(s.var, n, main_end, mask, prefix or None)
                     self.stmts(b, em, s.body)
                     em.vec = None
                 return
@@ -322,3 +328,4 @@ class KernelEmitter:
         b.store(size, b.gep(arr, [ir.Constant(I32, 0), ir.Constant(I32, len(args))]))
         pool = b.inttoptr(b.load(self.m.globals[PARALLEL_GLOBAL], typ=I64), ir.PointerType(PARALLEL_FN))
         b.call(pool, [worker, arr, chunks, nthreads])
+

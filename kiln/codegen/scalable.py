@@ -233,7 +233,7 @@ def emit_vector_loop(ke: KernelEmitter, b: ir.IRBuilder, em: ScalableExprEmitter
 
     def strip(i: ir.Value, evl: ir.Value) -> None:
         with _retyping(b):
-            em.vec = ScalableCtx(s.var, n, i, None, evl)
+            em.vec = ScalableCtx(s.var, n, i, evl=evl)
             try:
                 ke.stmts(b, em, s.body)
             finally:
@@ -274,7 +274,7 @@ def emit_vector_reduce(ke: KernelEmitter, b: ir.IRBuilder, em: ScalableExprEmitt
 
     def strip(i: ir.Value, evl: ir.Value) -> None:
         with _retyping(b):
-            em.vec = ScalableCtx(s.var, n, i, None, evl)
+            em.vec = ScalableCtx(s.var, n, i, evl=evl)
             try:
                 xv, is_vec = em.ev(x)
                 xv = xv if is_vec else em.splat(xv)

@@ -174,7 +174,7 @@ def _emit_body(ke: KernelEmitter, b: ir.IRBuilder, em: ScalableExprEmitter, s: L
     def strip_body(i: ir.Value, evl: ir.Value) -> None:
         cols = b.call(lane_mask, [ir.Constant(I64, 0), b.zext(evl, I64)])
         b.call(zero_za, [ir.Constant(I32, 255)])
-        strip = ScalableCtx(s.var, n, i, None, evl)
+        strip = ScalableCtx(s.var, n, i, evl=evl)
 
         def step() -> None:
             """One rank-1 update of every ZA tile in use."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from kiln.codegen.exprs import I32, I64, MEMORY, PTR, ExprEmitter, elem_bytes
+from kiln.codegen.exprs import I32, I64, MEMORY, PTR, ExprEmitter, elem_bytes, prefix_store
 from kiln.kernel.analysis import coef, flat_index
 from kiln.kernel.ir import Bin, Const, Expr, If, Load, Loop, Store, uses_var, walk
 
@@ -206,7 +206,10 @@ def transposed_store_group(b: ir.IRBuilder, em: ExprEmitter, s: Loop) -> bool:
         for i, col in enumerate(cols):
             c = h * w + i
             p = b.gep(ptr, [b.add(base, ir.Constant(I64, c * S))], source_etype=mt)
-            b.call(store, [col, p, ir.Constant(I32, align), _lane_active(b, em, c, run)])
+            if guard is None and em.vec.mask is None:  # a constant R-element run: plain stores (no vmaskmov)
+                prefix_store(b, col, p, R, mt, align)
+            else:
+                b.call(store, [col, p, ir.Constant(I32, align), _lane_active(b, em, c, run)])
     return True
 
 

@@ -16,7 +16,10 @@ Loop nest (TVM-style; mt = row tile, blk = block of MB row tiles, j = panel, kc 
     parallel for (o, mt) in others × ⌈M/MR⌉:                  # 1. pack every row tile once; rows past M repeat M−1
       call kiln_pack_<isa>_f32_<MR>(&A[o, mt·MR, 0], lda, rows, K, &Ap[o, mt, 0, 0])   # plain row-major A
       — or, for any other A (a conv's implicit im2col), compiler-generated:
-      for r…: for mi in 0..MR vector: Ap[o, mt, k(r), mi] = A(o, m = mt·MR + mi, r)
+      for r…: for mi in 0..MR vector: Ap[o, mt, k(r), mi] = A(o, m = mt·MR + mi, r)   # rows contiguous in A
+      for r…: for r_last vector: for mi in 0..MR unroll: (the same)       # else: MR rows transposed in registers
+                                                              #    a tile inside one output row reads its
+                                                              #    pixels affinely (no per-lane // and %)
                                                               #    Ap: kernel scratch (arena), 64-byte aligned
     parallel for (blk, j) in ⌈T/MB⌉ × ⌈N/NR⌉:                # 2. j fastest: a chunk keeps its A block hot;
       alloc Ct[MR, NR]                                        #    T = others·⌈M/MR⌉ row tiles, numbered (o, mt)
@@ -161,6 +164,22 @@ def _max_stride(k: Kernel, e: Expr, v: Var) -> int | None:
     return out
 
 
+def _row_of_pixels(a_expr: Expr, m_v: Var, row0: Expr, mi: Var, mr: int) -> tuple[Expr, Expr] | None:
+    """A after flatten_rows reads pixel m = row0 + mi as (m // W, m % W): per lane a gather. For a tile that
+    lies inside one output row ((row0 % W) + MR ≤ W) those are (row0 // W, row0 % W + mi), affine in mi — a
+    contiguous (or stride-s, shuffled) vector load per reduction step. Returns (A for such tiles, that test),
+    or None when A does not read m only as (m // W, m % W). (A tile inside a row is also a full tile.)"""
+    ws = {e.b.value for e in walk(a_expr) if isinstance(e, Bin) and e.op in ("//", "%") and e.a == m_v
+          and isinstance(e.b, Const)}
+    if len(ws) != 1:
+        return None
+    w = _i(ws.pop())
+    a_row = substitute(a_expr, {Bin("//", m_v, w): row0 // w, Bin("%", m_v, w): row0 % w + mi})
+    if any(e == m_v for e in walk(a_row)):
+        return None
+    return a_row, cmp("<=", row0 % w + mr, w)
+
+
 def _pack_call(k: Kernel, target: Target, a_expr: Expr, red: Reduce, m_v: Var, MR: int, M: int, K: int,
                row0: Expr, dst: Addr) -> list[Stmt] | None:
     """A row tile packed by the family's packing kernel (an in-register transpose) when A is a plain row-major
@@ -295,16 +314,28 @@ def _nest(k: Kernel, c: Compute, tag: str, target: Target, threads: int, uk: UKe
         one L1 set when K·4 is a multiple of 4 KiB)."""
         m_at = minimum(row0 + mi, _i(M - 1)) if clamp else row0 + mi
         st: Stmt = Store(ap, (o, mt, kflat, mi), substitute(a_expr, {m_v: m_at}))
-        if by_rows:
-            st = Loop(mi, _i(MR), [st], "vector", lanes, masked=True)
+        # by rows: one vector along the tile's rows per reduction step; else the MR rows unrolled inside a
+        # vector loop over r_last — codegen's transposed store group (codegen/transpose.py) interleaves the MR
+        # row vectors in registers into MR contiguous stores instead of MR scatters of stride MR (on a scalable
+        # target, which has no such group, the rows stay outside: one strided vp.scatter per row and step)
+        rows_inside = by_rows or not target.scalable
+        if rows_inside:
+            st = Loop(mi, _i(MR), [st], *(("vector", lanes, True) if by_rows else ("unroll",)))
         for v, n in reversed(red.axes):
             st = Loop(v, _i(n), [st], *(("vector", target.lanes(32), True) if v == r_last and not by_rows else ()))
-        return [st] if by_rows else [Loop(mi, _i(MR), [st])]
+        return [st] if rows_inside else [Loop(mi, _i(MR), [st])]
 
     pack_body = _pack_call(k, target, a_expr, red, m_v, MR, M, K, row0, Addr(ap, (o, mt, _i(0), _i(0))))
     if pack_body is None:
         pack_body = pack_rows(False) if M % MR == 0 else \
             [If(cmp("<=", row0 + MR, _i(M)), pack_rows(False), pack_rows(True))]
+        in_row = _row_of_pixels(a_expr, m_v, row0, mi, MR)
+        if in_row is not None:  # a tile inside one output row: affine rows, one (strided) vector load per step
+            a_row, test = in_row
+            st: Stmt = Loop(mi, _i(MR), [Store(ap, (o, mt, kflat, mi), a_row)], "vector", lanes, masked=True)
+            for v, n in reversed(red.axes):
+                st = Loop(v, _i(n), [st])
+            pack_body = [If(test, [st], pack_body)]
     pf = Var(f"upack{tag}")
     pack = Loop(pf, _i(n_others * n_tiles), rename(pack_body, {o: pf // n_tiles, mt: pf % n_tiles,
                                                                **decode_others(pf // n_tiles)}),
