@@ -241,9 +241,8 @@ class KernelEmitter:
                     lanes = ir.Constant(ir.VectorType(I64, n), list(range(n)))
                     mask = b.icmp_signed("<", lanes, em.splat(rem, n))
                     # a loop shorter than a vector (a 6-row tile in 8 lanes): the mask is a known prefix
-                    known = isinstance(s.extent, Const) and isinstance(lo, ir.Constant) and \
-                        isinstance(lo.constant, int)
-                    prefix = (int(s.extent.value) - lo.constant) % n if known else None
+                    known = all(isinstance(x, ir.Constant) and isinstance(x.constant, int) for x in (lo, hi))
+                    prefix = (hi.constant - lo.constant) % n if known else None
                     em.vec = VectorCtx(s.var, n, main_end, mask, prefix or None)
                     self.stmts(b, em, s.body)
                     em.vec = None

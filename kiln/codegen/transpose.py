@@ -192,6 +192,11 @@ def transposed_store_group(b: ir.IRBuilder, em: ExprEmitter, s: Loop) -> bool:
             if em.vec.mask is None:
                 b.store(out, p, align=align)
                 continue
+            if em.vec.prefix:  # a known tail of `prefix` lanes: the first prefix·R elements, as plain stores
+                count = max(0, min(n, em.vec.prefix * R - q * n))
+                if count:
+                    prefix_store(b, out, p, count, mt, align)
+                continue
             m = b.shuffle_vector(em.vec.mask, ir.Constant(em.vec.mask.type, ir.Undefined),
                                  ir.Constant(ir.VectorType(I32, n), wide[q * n:(q + 1) * n]))
             b.call(em._decl(f"llvm.masked.store.v{n}{em._tname(mt)}.p0", ir.VoidType(),

@@ -168,7 +168,7 @@ def _row_of_pixels(a_expr: Expr, m_v: Var, row0: Expr, mi: Var, mr: int) -> tupl
     """A after flatten_rows reads pixel m = row0 + mi as (m // W, m % W): per lane a gather. For a tile that
     lies inside one output row ((row0 % W) + MR ≤ W) those are (row0 // W, row0 % W + mi), affine in mi — a
     contiguous (or stride-s, shuffled) vector load per reduction step. Returns (A for such tiles, that test),
-    or None when A does not read m only as (m // W, m % W). (A tile inside a row is also a full tile.)"""
+    or None when A does not read m only as (m // W, m % W)."""
     ws = {e.b.value for e in walk(a_expr) if isinstance(e, Bin) and e.op in ("//", "%") and e.a == m_v
           and isinstance(e.b, Const)}
     if len(ws) != 1:
@@ -178,6 +178,12 @@ def _row_of_pixels(a_expr: Expr, m_v: Var, row0: Expr, mi: Var, mr: int) -> tupl
     if any(e == m_v for e in walk(a_row)):
         return None
     return a_row, cmp("<=", row0 % w + mr, w)
+
+
+def _full_tile_in_row(test: Expr, row0: Expr, mr: int, m: int) -> Expr:
+    """The in-row test and, when MR does not divide M, that the tile ends by M (the partial last tile keeps the
+    clamped path: with M not a multiple of W its rows could lie "inside" a row past the end)."""
+    return test if m % mr == 0 else Bin("and", test, cmp("<=", row0 + mr, _i(m)))
 
 
 def _pack_call(k: Kernel, target: Target, a_expr: Expr, red: Reduce, m_v: Var, MR: int, M: int, K: int,
@@ -335,7 +341,7 @@ def _nest(k: Kernel, c: Compute, tag: str, target: Target, threads: int, uk: UKe
             st: Stmt = Loop(mi, _i(MR), [Store(ap, (o, mt, kflat, mi), a_row)], "vector", lanes, masked=True)
             for v, n in reversed(red.axes):
                 st = Loop(v, _i(n), [st])
-            pack_body = [If(test, [st], pack_body)]
+            pack_body = [If(_full_tile_in_row(test, row0, MR, M), [st], pack_body)]
     pf = Var(f"upack{tag}")
     pack = Loop(pf, _i(n_others * n_tiles), rename(pack_body, {o: pf // n_tiles, mt: pf % n_tiles,
                                                                **decode_others(pf // n_tiles)}),
