@@ -81,29 +81,21 @@ def _eligible(n: Node) -> bool:
 
 
 def winograd_conv(g: Graph) -> Graph:
-    nodes: list[Node] = []
-    for n in g.nodes:
+    old, g.nodes = g.nodes, []
+    for n in old:
         if not _eligible(n):
-            nodes.append(n)
+            g.nodes.append(n)
             continue
         x, wp, y = n.inputs[0], n.inputs[1], n.outputs[0]
         a = n.attrs
         cb, nr = x.shape[-1], a["nr"]
-        out_hw = y.shape[2:4]
+        out_hw = tuple(y.shape[2:4])
         u = transform_weights(unpack_blocked_conv(wp.const), cb, nr)
         uv = Value(g.fresh(wp.name + ".winograd"), TensorType("float32", u.shape), const=u)
-        attrs = {"out_hw": tuple(out_hw), "pads": a["pads"]}
-        (vt,) = _input_shape([x.type], attrs)
-        v = Value(g.fresh(y.name + ".wino_in"), vt)
-        (mt,) = _product_shape([vt, uv.type], {})
-        m = Value(g.fresh(y.name + ".wino_prod"), mt)
-        first = Node("WinogradInput", [x], [v], attrs, n.name + ".winograd_input")
-        prod = Node("WinogradProduct", [v, uv], [m], {"nr": nr, "strategy": a.get("strategy", "direct")},
-                    n.name)
-        last = Node("WinogradOutput", [m] + n.inputs[2:], [y], {"out_hw": tuple(out_hw)}, n.name + ".winograd_output")
-        for node in (first, prod, last):
-            for o in node.outputs:
-                o.producer = node
-        nodes += [first, prod, last]
-    g.nodes = nodes
+        (v,) = g.add("WinogradInput", [x], {"out_hw": out_hw, "pads": a["pads"]}, n.name + ".winograd_input")
+        (m,) = g.add("WinogradProduct", [v, uv], {"nr": nr, "strategy": a.get("strategy", "direct")}, n.name)
+        # the last stage keeps the conv's output value (its consumers read it)
+        last = Node("WinogradOutput", [m] + n.inputs[2:], [y], {"out_hw": out_hw}, n.name + ".winograd_output")
+        y.producer = last
+        g.nodes.append(last)
     return g
