@@ -313,17 +313,15 @@ def _nest(k: Kernel, c: Compute, tag: str, target: Target, threads: int, uk: UKe
     by_rows = _max_stride(k, substitute(a_expr, {m_v: row0 + mi}), mi) in (1, 2, 3, 4) or r_len < 8 or \
         _max_stride(k, a_expr, r_last) != 1
 
-    def pack_rows(clamp: bool) -> list[Stmt]:
-        """The compiler-generated pack, for an A that is not a plain matrix (a conv's implicit im2col). by_rows:
-        vectors along the tile's rows (conv rows: contiguous input pixels); else each row's contiguous k run
-        is one vector load, stored with stride MR (rows K floats apart: gathering across them would thrash
-        one L1 set when K·4 is a multiple of 4 KiB)."""
-        m_at = minimum(row0 + mi, _i(M - 1)) if clamp else row0 + mi
-        st: Stmt = Store(ap, (o, mt, kflat, mi), substitute(a_expr, {m_v: m_at}))
-        # by rows: one vector along the tile's rows per reduction step; else the MR rows unrolled inside a
-        # vector loop over r_last — codegen's transposed store group (codegen/transpose.py) interleaves the MR
-        # row vectors in registers into MR contiguous stores instead of MR scatters of stride MR (on a scalable
-        # target, which has no such group, the rows stay outside: one strided vp.scatter per row and step)
+    def pack_rows(value: Expr, by_rows: bool) -> list[Stmt]:
+        """The compiler-generated pack of `value` (A at row m = row0 + mi), for an A that is not a plain matrix
+        (a conv's implicit im2col). by_rows: vectors along the tile's rows (conv rows: contiguous input pixels);
+        else each row's contiguous k run is one vector load (rows K floats apart: gathering across them would
+        thrash one L1 set when K·4 is a multiple of 4 KiB), the MR rows unrolled inside that vector loop over
+        r_last — codegen's transposed store group (codegen/transpose.py) interleaves the MR row vectors in
+        registers into MR contiguous stores instead of MR scatters of stride MR (on a scalable target, which has
+        no such group, the rows stay outside: one strided vp.scatter per row and step)."""
+        st: Stmt = Store(ap, (o, mt, kflat, mi), value)
         rows_inside = by_rows or not target.scalable
         if rows_inside:
             st = Loop(mi, _i(MR), [st], *(("vector", lanes, True) if by_rows else ("unroll",)))
@@ -333,15 +331,13 @@ def _nest(k: Kernel, c: Compute, tag: str, target: Target, threads: int, uk: UKe
 
     pack_body = _pack_call(k, target, a_expr, red, m_v, MR, M, K, row0, Addr(ap, (o, mt, _i(0), _i(0))))
     if pack_body is None:
-        pack_body = pack_rows(False) if M % MR == 0 else \
-            [If(cmp("<=", row0 + MR, _i(M)), pack_rows(False), pack_rows(True))]
+        unclamped = pack_rows(substitute(a_expr, {m_v: row0 + mi}), by_rows)
+        pack_body = unclamped if M % MR == 0 else [If(cmp("<=", row0 + MR, _i(M)), unclamped, pack_rows(
+            substitute(a_expr, {m_v: minimum(row0 + mi, _i(M - 1))}), by_rows))]
         in_row = _row_of_pixels(a_expr, m_v, row0, mi, MR)
         if in_row is not None:  # a tile inside one output row: affine rows, one (strided) vector load per step
             a_row, test = in_row
-            st: Stmt = Loop(mi, _i(MR), [Store(ap, (o, mt, kflat, mi), a_row)], "vector", lanes, masked=True)
-            for v, n in reversed(red.axes):
-                st = Loop(v, _i(n), [st])
-            pack_body = [If(_full_tile_in_row(test, row0, MR, M), [st], pack_body)]
+            pack_body = [If(_full_tile_in_row(test, row0, MR, M), pack_rows(a_row, True), pack_body)]
     pf = Var(f"upack{tag}")
     pack = Loop(pf, _i(n_others * n_tiles), rename(pack_body, {o: pf // n_tiles, mt: pf % n_tiles,
                                                                **decode_others(pf // n_tiles)}),
