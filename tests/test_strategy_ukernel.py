@@ -237,23 +237,31 @@ MASKED_STORE = re.compile(r"vmaskmovps\s+%[xy]mm\d+,\s*%[xy]mm\d+,\s*[^%\s]*\(")
 def test_packs_store_without_masks_or_scatters(net: str) -> None:
     """The compiler-generated A pack on AVX2 (6-row tiles in 8 lanes): a 7×7 stride-2 stem (rows flattened over
     18×18 pixels: tiles inside a row read affinely, tiles over a row end do not), and a blocked 3×3 conv
-    (Winograd: its products' A runs along k, the 6 rows transposed in registers) followed by a blocked 1×1 conv.
-    Every extent divides into whole tiles, so no mask is dynamic: the packs' and epilogues' 6-element runs must be
-    plain stores — no vmaskmovps store, no scatter. Outputs vs onnxruntime."""
+    (Winograd: its products' A runs along k, the 6 rows transposed in registers) followed by a blocked 1×1 conv
+    (rows flattened too, but a channel block apart: transposed, not gathered). Every extent divides into whole
+    tiles, so no mask is dynamic: the packs' and epilogues' 6-element runs must be plain stores — no vmaskmovps
+    store, no scatter. Outputs vs onnxruntime."""
     if net == "stem":
         model, feeds = op_model("Conv", [rand(1, 3, 36, 36), C(rand(64, 3, 7, 7, seed=8) * 0.2)],
                                 {"pads": [3, 3, 3, 3], "strides": [2, 2]})
     else:
         x = rand(1, 32, 12, 12)
         nodes = [helper.make_node("Conv", ["x", "w1"], ["c"], pads=[1, 1, 1, 1]),
-                 helper.make_node("Relu", ["c"], ["r"]), helper.make_node("Conv", ["r", "w2"], ["y"])]
+                 helper.make_node("Relu", ["c"], ["r"]),
+                 helper.make_node("Conv", ["r", "w2"], ["d"]), helper.make_node("Relu", ["d"], ["e"]),
+                 helper.make_node("Conv", ["e", "w3"], ["y"], pads=[1, 1, 1, 1])]  # keeps the 1×1 output blocked
         model = make_model(nodes, {"x": x}, ["y"], {"w1": rand(32, 32, 3, 3, seed=2) * 0.1,
-                                                    "w2": rand(48, 32, 1, 1, seed=3) * 0.2})
+                                                    "w2": rand(48, 32, 1, 1, seed=3) * 0.2,
+                                                    "w3": rand(32, 48, 3, 3, seed=4) * 0.1})
         feeds = {"x": x}
     target = resolve("avx2")
     low = lower(model, target, 2, {}, strategy="ukernel", stop_after="llvm")
     assert any(b.name.startswith("Ap") for k in low.program.kernels for b in k.scratch), "no compiler-built pack"
     assert "masked.scatter" not in low.llvm_ir
+    if net == "blocked":  # rows a channel block apart are transposed in registers, never gathered
+        ukernel_built = re.compile(r'[^(]*@"?k\d+_(packedconv|winogradproduct)')
+        packs = [f for f in low.llvm_ir.split("\ndefine ")[1:] if ukernel_built.match(f)]
+        assert len(packs) >= 3 and not any("masked.gather" in f for f in packs)
     asm = emit_assembly(optimize(low.llvm_ir, target), target)
     assert not MASKED_STORE.search(asm), MASKED_STORE.findall(asm)[:4]
     check_ukernel(model, feeds, "avx2")

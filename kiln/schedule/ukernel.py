@@ -334,8 +334,10 @@ def _nest(k: Kernel, c: Compute, tag: str, target: Target, threads: int, uk: UKe
         unclamped = pack_rows(substitute(a_expr, {m_v: row0 + mi}), by_rows)
         pack_body = unclamped if M % MR == 0 else [If(cmp("<=", row0 + MR, _i(M)), unclamped, pack_rows(
             substitute(a_expr, {m_v: minimum(row0 + mi, _i(M - 1))}), by_rows))]
-        in_row = _row_of_pixels(a_expr, m_v, row0, mi, MR)
-        if in_row is not None:  # a tile inside one output row: affine rows, one (strided) vector load per step
+        in_row = _row_of_pixels(a_expr, m_v, row0, mi, MR) if by_rows else None
+        # a tile inside one output row: affine rows, one (strided) vector load per step — where its rows are
+        # near (an NCHW input); a blocked input's rows are a channel block apart and stay transposed (no gather)
+        if in_row is not None and _max_stride(k, in_row[0], mi) in (1, 2, 3, 4):
             a_row, test = in_row
             pack_body = [If(_full_tile_in_row(test, row0, MR, M), pack_rows(a_row, True), pack_body)]
     pf = Var(f"upack{tag}")
