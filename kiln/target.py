@@ -91,24 +91,18 @@ def host() -> Target:
 def _host_caches() -> dict[int, int]:
     """Per-core data (or unified) cache sizes by level from Linux sysfs (Zen 3: 32 KiB, 512 KiB, 32 MiB), for the
     schedules' blocking; {} elsewhere (the Target defaults stand)."""
-    import glob
-    import os
+    from pathlib import Path
 
     out: dict[int, int] = {}
-    for d in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
+    for d in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
         try:
-            with open(os.path.join(d, "level")) as f:
-                level = int(f.read())
-            with open(os.path.join(d, "type")) as f:
-                kind = f.read().strip()
-            with open(os.path.join(d, "size")) as f:
-                text = f.read().strip()
-        except (OSError, ValueError):
+            level, kind, text = ((d / f).read_text().strip() for f in ("level", "type", "size"))
+        except OSError:
             continue
         unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
         digits = text.rstrip("KMG")
-        if kind in ("Data", "Unified") and level in (1, 2, 3) and digits.isdigit():
-            out[level] = int(digits) * unit
+        if kind in ("Data", "Unified") and level in ("1", "2", "3") and digits.isdigit():
+            out[int(level)] = int(digits) * unit
     return out
 
 
