@@ -58,28 +58,18 @@ def _cross_target(args: argparse.Namespace):  # noqa: ANN202 - kiln.target.Targe
     """The --target/--cpu target when it is another ISA (built with kiln/cross), else None (the host)."""
     if not getattr(args, "target", None) and not getattr(args, "cpu", None):
         return None
-    from kiln.target import host, resolve
+    from kiln.target import host, resolve, runs_here
 
     t = resolve(args.target or "host", cpu=args.cpu)
     if t.triple != host().triple and getattr(args, "bounds_check", False):
         raise ValueError(f"--bounds-check builds run on the host only, not on {args.target or args.cpu}")
-    return None if t.triple == host().triple else t
+    # another ISA, or an x86 width this CPU cannot execute (AVX-512 on an AVX2 host): objects only
+    return None if t.triple == host().triple and runs_here(t) else t
 
 
-def check_outputs(names: list[str], outs: list[np.ndarray], ref: list[np.ndarray], rtol: float, where: str = "",
-                  indent: str = "  ") -> int:
-    """Print each output's error against onnxruntime's (max abs, and max abs ÷ max |ref|); 1 if any is over
-    `rtol`, else 0."""
-    status = 0
-    for name, o, r in zip(names, outs, ref):
-        err = float(np.abs(o.astype(np.float64) - r).max()) if o.size else 0.0
-        scale = float(np.abs(r).max()) if r.size else 0.0
-        rel = err / scale if scale else err
-        ok = rel <= rtol
-        status |= 0 if ok else 1
-        print(f"{indent}check {name}{where} vs onnxruntime: max abs err {err:.3g}, max rel err {rel:.3g} "
-              f"→ {'OK' if ok else 'MISMATCH'} (rtol {rtol})")
-    return status
+def _host_triple() -> str:
+    from kiln.target import host
+    return host().triple
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -102,6 +92,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     import kiln
 
     cross = _cross_target(args)
+    if cross is not None and cross.triple == _host_triple():
+        from kiln.target import missing_features
+        print(f"target {cross.name} needs {', '.join(missing_features(cross))}, which this CPU lacks: "
+              f"`kiln compile {args.model} --target {cross.name} -o FILE.o` emits its object", file=sys.stderr)
+        return 2
     if cross is not None:
         from kiln.cross.cli import run_cross
         return run_cross(args, _model(args.model), cross, {name: False for name in (args.disable or [])},
@@ -137,6 +132,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         so = ort.SessionOptions()
         so.intra_op_num_threads = exe.num_threads
         ref = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+        from kiln.checking import check_outputs
+
         status |= check_outputs(exe.output_names, outs, ref, args.rtol)
     if args.profile:
         prof: dict[str, float] = {}

@@ -15,7 +15,7 @@ import onnx
 
 from kiln.errors import TargetError
 from kiln.graph.ir import Graph
-from kiln.target import Target, host, resolve
+from kiln.target import Target, host, missing_features, resolve
 
 __version__ = "0.1.0"
 
@@ -168,6 +168,11 @@ def compile(model: onnx.ModelProto | str | bytes | os.PathLike, target: str | Ta
     if tgt.triple != host().triple:  # its machine code cannot be loaded into this process
         raise TargetError(f"target {tgt.name} is another ISA than this machine: build it with "
                           f"kiln.cross.build_binary, or `kiln compile MODEL --target {tgt.name} -o FILE.o`")
+    missing = missing_features(tgt)
+    if missing:  # an emit-only width (AVX-512 on an AVX2 host): its code would die of SIGILL here
+        raise TargetError(f"target {tgt.name} needs {', '.join(missing)}, which this CPU ({host().cpu}) lacks: "
+                          f"emit its object with `kiln compile MODEL --target {tgt.name} -o FILE.o` "
+                          f"(or kiln.compiler.lower(..., stop_after='object'))")
     threads = int(num_threads) if num_threads else default_threads()
     if threads < 1:
         raise ValueError(f"num_threads must be ≥ 1, got {num_threads}")

@@ -106,15 +106,54 @@ def _host_caches() -> dict[int, int]:
     return out
 
 
+# the x86 vector widths Kiln generates code for, by the name `resolve` takes
+X86_WIDTHS: dict[str, int] = {"avx512": 512, "avx2": 256, "sse": 128}
+# what an x86 host needs to run each width's code (and what an emit-only target of that width turns on)
+_WIDTH_FEATURES: dict[int, tuple[str, ...]] = {
+    512: ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd", "avx2", "avx", "fma", "f16c", "bmi2"),
+    256: ("avx2", "avx", "fma", "f16c", "bmi2"),
+    128: ("sse4.2",),
+}
+
+
 def host_with(vector_bits: int) -> Target:
-    """The host, but limited to narrower vectors (AVX2 / SSE fallbacks, and for ablations)."""
+    """The host limited to `vector_bits`-wide vectors (AVX2 / SSE fallbacks, ablations, the per-width tests).
+
+    A width wider than the host's own is an *emit-only* target (AVX-512 on an AVX2 host): same triple and caches,
+    the width's features turned on, cpu `x86-64-v4`; Kiln lowers it and emits objects and assembly for it, and
+    `kiln.compile` refuses to load its code here (`runs_here`)."""
     h = host()
-    if vector_bits >= h.vector_bits:
+    if vector_bits == h.vector_bits:
         return h
-    drop = {256: ("avx512",), 128: ("avx512", "avx2", "avx", "fma")}[vector_bits]
+    if vector_bits > h.vector_bits:
+        if h.arch != "x86_64" or vector_bits != 512:
+            raise TargetError(f"this host ({h.cpu}) has {h.vector_bits}-bit vectors; no wider x86 target than "
+                              f"{vector_bits} bits is defined")
+        feats = ",".join(f"+{f}" for f in _WIDTH_FEATURES[512])
+        return replace(h, name="avx512", cpu="x86-64-v4", features=feats, vector_bits=512, vector_registers=32,
+                       has_fma=True)
+    drop = {256: ("avx512", "amx"), 128: ("avx512", "amx", "avxvnni", "avx2", "avx", "fma")}[vector_bits]
     feats = ",".join(("-" + f[1:]) if f[1:].startswith(drop) else f for f in h.features.split(","))
     return replace(h, name=f"host-{vector_bits}", features=feats, vector_bits=vector_bits, vector_registers=16,
                    has_fma=vector_bits > 128)
+
+
+def missing_features(t: Target) -> list[str]:
+    """The features `t`'s code uses that this machine lacks ([] when its code runs here)."""
+    h = host()
+    if t.triple != h.triple:
+        return [f"the {t.arch} ISA"]
+    if t.arch != "x86_64":
+        return []
+    have = _features(h)
+    want = _features(t)
+    need = [f for f, on in want.items() if on and not have.get(f, False)]
+    return need
+
+
+def runs_here(t: Target) -> bool:
+    """Can this process load and run code generated for `t`?"""
+    return not missing_features(t)
 
 
 # -- cross targets ---------------------------------------------------------------------------------------------------
@@ -147,7 +186,7 @@ _CROSS: dict[str, Target] = {
 
 def with_cpu(t: Target, cpu: str) -> Target:
     """A cross target on another CPU; for RISC-V the minimum vector width follows the CPU's VLEN."""
-    if t.arch not in KNOWN_CPUS or t.name in ("host", "host-256", "host-128"):
+    if t.arch not in KNOWN_CPUS or t.name in ("host", "host-256", "host-128", "avx512"):
         raise TargetError(f"--cpu applies to the cross targets ({', '.join(_CROSS)}), not to {t.name!r}")
     known = KNOWN_CPUS[t.arch]
     if cpu not in known:
@@ -169,8 +208,7 @@ def resolve(target: str | Target, cpu: str | None = None) -> Target:
     else:
         name, _, cpu_in_name = target.partition(":")
         cpu = cpu or cpu_in_name or None
-        named = {"host": host, "avx512": lambda: host_with(512), "avx2": lambda: host_with(256),
-                 "sse": lambda: host_with(128)}
+        named = {"host": host, **{w: functools.partial(host_with, bits) for w, bits in X86_WIDTHS.items()}}
         if name in named:
             if cpu:
                 raise TargetError(f"target {name!r} is this host; a CPU can only be chosen for a cross target "

@@ -19,6 +19,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 import kiln
+from kiln.target import X86_WIDTHS, resolve, runs_here
 
 TINY = 1e-6
 T = onnx.TensorProto
@@ -96,10 +97,50 @@ def run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.nda
     return sess.run(None, feeds)
 
 
-def run_kiln(model: onnx.ModelProto, feeds: dict[str, np.ndarray], **compile_kw: Any) -> list[np.ndarray]:
+# -- x86 vector widths ------------------------------------------------------------------------------------------------
+# A test whose code path depends on the vector width (layouts, Winograd, tiles, packs, transposed access groups,
+# reorders, microkernels) takes the `width` fixture and passes `target=width` to `check`: it runs once per x86
+# width. A width this CPU can execute is compiled, run and compared with onnxruntime; one it cannot (AVX-512 on an
+# AVX2 host) is lowered and its object emitted — the id says `-emit-only` — so a compile-time crash on that path
+# fails here too. KILN_TEST_EMIT_ONLY=avx512[,avx2] treats widths as not executable (to exercise that path).
+WIDTHS: tuple[str, ...] = tuple(X86_WIDTHS) if resolve("host").arch == "x86_64" else ()
+
+
+def width_runs(width: str) -> bool:
+    forced = {w.strip() for w in os.environ.get("KILN_TEST_EMIT_ONLY", "").split(",") if w.strip()}
+    return width not in forced and runs_here(resolve(width))
+
+
+@pytest.fixture(params=[pytest.param(w, id=w if width_runs(w) else f"{w}-emit-only") for w in WIDTHS])
+def width(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+def emit_only(model: onnx.ModelProto, target: str, **compile_kw: Any) -> bytes:
+    """Lower `model` for a width this CPU cannot run and emit its object (what `kiln compile --target` writes)."""
+    from kiln.compiler import check_options, lower
+
+    kw = dict(compile_kw)
+    kw.pop("cache", None)
+    threads = int(kw.pop("num_threads", 2))
+    strategy, strategies = kw.pop("strategy", "direct"), kw.pop("strategies", None)
+    bounds = bool(kw.pop("bounds_check", False))
+    c = lower(model, resolve(target), threads, check_options(kw), strategy=strategy, strategies=strategies,
+              bounds_check=bounds, stop_after="object")
+    assert c.obj[:4] == b"\x7fELF", f"{target}: no ELF object emitted"
+    assert all(f.encode() in c.obj for f in c.kernel_functions), f"{target}: kernel symbols missing from the object"
+    return c.obj
+
+
+def run_kiln(model: onnx.ModelProto, feeds: dict[str, np.ndarray], **compile_kw: Any) -> list[np.ndarray] | None:
+    """Kiln's outputs; None when `target` is a width this CPU cannot execute (its object is emitted instead)."""
     kw = {"num_threads": 2, "cache": False, **compile_kw}
     if os.environ.get("KILN_BOUNDS_CHECK", "0") not in ("", "0"):  # `pytest --bounds-check`: the debug build
         kw.setdefault("bounds_check", True)
+    target = kw.get("target")
+    if isinstance(target, str) and target in X86_WIDTHS and not width_runs(target):
+        emit_only(model, target, **{k: v for k, v in kw.items() if k != "target"})
+        return None
     return kiln.compile(model, **kw).run(feeds)
 
 
@@ -129,10 +170,12 @@ def assert_close(got: np.ndarray, want: np.ndarray, rtol: float, what: str = "ou
 
 
 def check(model: onnx.ModelProto, feeds: dict[str, np.ndarray], rtol: float,
-          **compile_kw: Any) -> list[np.ndarray]:
-    """Compile with Kiln, run both, compare every output. Returns Kiln's outputs."""
-    want = run_ort(model, feeds)
+          **compile_kw: Any) -> list[np.ndarray] | None:
+    """Compile with Kiln, run both, compare every output. Returns Kiln's outputs (None for an emit-only width)."""
     got = run_kiln(model, feeds, **compile_kw)
+    if got is None:
+        return None
+    want = run_ort(model, feeds)
     assert len(got) == len(want)
     for i, (g, w) in enumerate(zip(got, want)):
         assert_close(g, w, rtol, f"output {i} ({model.graph.output[i].name})")

@@ -23,9 +23,9 @@ MATMUL = [((1, 1), (1, 1)), ((3, 7), (7, 17)), ((17, 33), (33, 5)), ((1, 33), (3
 
 @pytest.mark.parametrize("sa,sb", MATMUL, ids=lambda s: str(s))
 @pytest.mark.parametrize("b_const", [False, True], ids=["B-input", "B-const"])
-def test_matmul(sa: tuple[int, ...], sb: tuple[int, ...], b_const: bool) -> None:
+def test_matmul(sa: tuple[int, ...], sb: tuple[int, ...], b_const: bool, width: str) -> None:
     a, b = rand(*sa, seed=1), rand(*sb, seed=2)
-    check_op("MatMul", [a, C(b) if b_const else b], rtol=TOL)
+    check_op("MatMul", [a, C(b) if b_const else b], rtol=TOL, target=width)
 
 
 @pytest.mark.parametrize("dtype", ["float64", "int64", "int32"])
@@ -47,11 +47,11 @@ C_SHAPES = [None, (), (1,), (N,), (1, N), (M, 1), (M, N)]
 
 @pytest.mark.parametrize("c_shape", C_SHAPES, ids=str)
 @pytest.mark.parametrize("trans_a,trans_b", [(0, 0), (1, 0), (0, 1), (1, 1)])
-def test_gemm_transpose_and_bias_forms(trans_a: int, trans_b: int, c_shape: tuple[int, ...] | None) -> None:
+def test_gemm_transpose_and_bias_forms(trans_a: int, trans_b: int, c_shape: tuple[int, ...] | None, width: str) -> None:
     a = rand(*((K, M) if trans_a else (M, K)), seed=1)
     b = C(rand(*((N, K) if trans_b else (K, N)), seed=2))
     args = [a, b] + ([] if c_shape is None else [C(rand(*c_shape, seed=3))])
-    check_op("Gemm", args, rtol=TOL, attrs={"transA": trans_a, "transB": trans_b})
+    check_op("Gemm", args, rtol=TOL, attrs={"transA": trans_a, "transB": trans_b}, target=width)
 
 
 @pytest.mark.parametrize("alpha,beta", [(1.0, 1.0), (0.5, 1.0), (1.0, 0.25), (-2.0, 3.0), (1.5, 0.0)])
@@ -103,10 +103,10 @@ CONV = {
 
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
 @pytest.mark.parametrize("case", list(CONV))
-def test_conv(case: str, bias: bool) -> None:
+def test_conv(case: str, bias: bool, width: str) -> None:
     xs, ws, attrs = CONV[case]
     args = [rand(*xs, seed=1), C(rand(*ws, seed=2))] + ([C(rand(ws[0], seed=3))] if bias else [])
-    check_op("Conv", args, rtol=TOL, attrs=attrs)
+    check_op("Conv", args, rtol=TOL, attrs=attrs, target=width)
 
 
 @pytest.mark.parametrize("case", ["1d-stride-pads", "2d-group3", "3d"])

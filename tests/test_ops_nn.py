@@ -38,9 +38,9 @@ POOL = {
 
 
 @pytest.mark.parametrize("case", list(POOL))
-def test_maxpool(case: str) -> None:
+def test_maxpool(case: str, width: str) -> None:
     xs, attrs = POOL[case]
-    check_op("MaxPool", [rand(*xs)], rtol=ARITH, attrs=attrs)
+    check_op("MaxPool", [rand(*xs)], rtol=ARITH, attrs=attrs, target=width)
 
 
 @pytest.mark.parametrize("case", ["1d-stride-pads", "2d-pads", "2d-ceil-pads", "3d"])
@@ -61,9 +61,9 @@ def test_maxpool_dilations(case: tuple) -> None:
 
 @pytest.mark.parametrize("include_pad", [0, 1])
 @pytest.mark.parametrize("case", [c for c in POOL if "same" not in c])
-def test_averagepool(case: str, include_pad: int) -> None:
+def test_averagepool(case: str, include_pad: int, width: str) -> None:
     xs, attrs = POOL[case]
-    check_op("AveragePool", [rand(*xs)], rtol=TOL, attrs={**attrs, "count_include_pad": include_pad})
+    check_op("AveragePool", [rand(*xs)], rtol=TOL, attrs={**attrs, "count_include_pad": include_pad}, target=width)
 
 
 @pytest.mark.parametrize("include_pad", [0, 1])

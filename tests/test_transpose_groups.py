@@ -19,25 +19,19 @@ from kiln.target import resolve
 TOL = 1e-4
 
 
-@pytest.mark.parametrize("target", ["host", "avx2"])
 @pytest.mark.parametrize("m,k,n", [(64, 1024, 96), (130, 1024, 40), (29, 1026, 33), (200, 2048, 64), (96, 4096, 48)])
-def test_packed_rows_match(target: str, m: int, k: int, n: int) -> None:
-    if target == "host" and "avx512f" not in resolve("host").features:
-        pytest.skip("host has no AVX-512")
+def test_packed_rows_match(width: str, m: int, k: int, n: int) -> None:
     model, feeds = op_model("MatMul", [rand(m, k, seed=1), C(rand(k, n, seed=2))])
-    low = lower(model, resolve(target), 2, {}, stop_after="llvm")
+    low = lower(model, resolve(width), 2, {}, stop_after="llvm")
     # the pack is there and it is a transpose, not lane-by-lane scatters
     assert any(b.name.endswith("p0") for kk in low.program.kernels for b in kk.scratch), "no row pack at this K"
     assert "masked.scatter" not in low.llvm_ir and "masked.gather" not in low.llvm_ir
-    if target == "host":
-        check(model, feeds, TOL)
-    else:
-        check(model, feeds, TOL, target="avx2")
+    check(model, feeds, TOL, target=width)
 
 
 # 9×23: the pixels do not divide into tiles — the edge tile's guarded rows are runs masked to the rows left
 @pytest.mark.parametrize("h,w,residual", [(14, 14, True), (9, 23, True), (28, 28, False)])
-def test_conv_tile_stores_and_residual_reads_are_transposed(h: int, w: int, residual: bool) -> None:
+def test_conv_tile_stores_and_residual_reads_are_transposed(h: int, w: int, residual: bool, width: str) -> None:
     x, r = rand(1, 32, h, w, seed=1), rand(1, 64, h, w, seed=4)
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1])]
     out = "y"
@@ -47,8 +41,8 @@ def test_conv_tile_stores_and_residual_reads_are_transposed(h: int, w: int, resi
     feeds = {"x": x, "r": r} if residual else {"x": x}
     model = make_model(nodes, feeds, [out], {"w": rand(64, 32, 3, 3, seed=2), "b": rand(64, seed=3)})
     # NCHW in and out (the blocked layout, graph/passes/block_layout.py, would take this conv into blocks)
-    low = lower(model, resolve("host"), 2, {"block_layout": False}, stop_after="llvm")
+    low = lower(model, resolve(width), 2, {"block_layout": False}, stop_after="llvm")
     assert any(n.op == "PackedConv" for n in low.graph.nodes)
     assert "masked.scatter" not in low.llvm_ir and "masked.gather" not in low.llvm_ir
-    check(model, feeds, TOL, block_layout=False)
-    check(model, feeds, TOL)
+    check(model, feeds, TOL, block_layout=False, target=width)
+    check(model, feeds, TOL, target=width)

@@ -39,8 +39,8 @@ def _chain(n: int, ci: int, co: int, h: int, w: int, pads: list[int], residual: 
     return make_model(nodes, {"x": x}, [out], consts), {"x": x}
 
 
-def _ops(model, **options) -> list[str]:  # noqa: ANN001, ANN003
-    return [n.op for n in lower(model, resolve("host"), 2, options, stop_after="kernels").graph.nodes]
+def _ops(model, width: str = "host", **options) -> list[str]:  # noqa: ANN001, ANN003
+    return [n.op for n in lower(model, resolve(width), 2, options, stop_after="kernels").graph.nodes]
 
 
 @pytest.mark.parametrize("n,ci,co,h,w,pads,residual", [
@@ -50,23 +50,24 @@ def _ops(model, **options) -> list[str]:  # noqa: ANN001, ANN003
     (1, 32, 32, 11, 12, [0, 0, 0, 0], False),   # 'valid': 9×10 outputs
     (1, 32, 32, 9, 8, [0, 1, 1, 0], False),     # asymmetric padding
 ])
-def test_winograd_matches(n: int, ci: int, co: int, h: int, w: int, pads: list[int], residual: bool) -> None:
+def test_winograd_matches(n: int, ci: int, co: int, h: int, w: int, pads: list[int], residual: bool,
+                          width: str) -> None:
     model, feeds = _chain(n, ci, co, h, w, pads, residual)
-    ops = _ops(model)
+    ops = _ops(model, width)
     assert ops.count("WinogradProduct") == 1 and "WinogradInput" in ops and "WinogradOutput" in ops, ops
-    check(model, feeds, TOL)
+    check(model, feeds, TOL, target=width)
 
 
-def test_winograd_ukernel_and_switch() -> None:
+def test_winograd_ukernel_and_switch(width: str) -> None:
     model, feeds = _chain(1, 32, 32, 12, 12, [1, 1, 1, 1], True)
-    check(model, feeds, TOL, strategy="ukernel")
-    assert "WinogradProduct" not in _ops(model, winograd=False)
-    check(model, feeds, TOL, winograd=False)
+    check(model, feeds, TOL, strategy="ukernel", target=width)
+    assert "WinogradProduct" not in _ops(model, width, winograd=False)
+    check(model, feeds, TOL, winograd=False, target=width)
 
 
-def test_winograd_bounds_checked() -> None:
+def test_winograd_bounds_checked(width: str) -> None:
     model, feeds = _chain(1, 32, 32, 7, 5, [1, 1, 1, 1], True)
-    check(model, feeds, TOL, bounds_check=True)
+    check(model, feeds, TOL, bounds_check=True, target=width)
 
 
 def test_not_for_other_convs() -> None:

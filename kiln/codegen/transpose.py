@@ -51,6 +51,8 @@ def interleave(b: ir.IRBuilder, vals: list[ir.Value], n: int) -> list[ir.Value]:
     columns it spans, one two-source shuffle per column."""
     R = len(vals)
     poison = ir.Constant(vals[0].type, ir.Undefined)
+    if R > n:  # more rows than lanes (SSE's 4 lanes under a 5-row tile): each output lane straight from its row
+        return [_gather_lanes(b, vals, [divmod(q * n + e, R) for e in range(n)], n) for q in range(R)]
     cols = butterfly(b, vals, n)
     outs = []
     for q in range(R):
@@ -63,6 +65,19 @@ def interleave(b: ir.IRBuilder, vals: list[ir.Value], n: int) -> list[ir.Value]:
                 n + ln if c == col else e for e, (c, ln) in enumerate(src)]))
         outs.append(acc)
     return outs
+
+
+def _gather_lanes(b: ir.IRBuilder, vals: list[ir.Value], src: list[tuple[int, int]], n: int) -> ir.Value:
+    """One n-lane vector whose lane e is lane src[e][0] of vals[src[e][1]]: a chain of two-source shuffles, one per
+    distinct source vector."""
+    poison = ir.Constant(vals[0].type, ir.Undefined)
+    rows = sorted({r for _, r in src})
+    acc = b.shuffle_vector(vals[rows[0]], poison, ir.Constant(ir.VectorType(I32, n), [
+        j if r == rows[0] else 0 for j, r in src]))
+    for row in rows[1:]:
+        acc = b.shuffle_vector(acc, vals[row], ir.Constant(ir.VectorType(I32, n), [
+            n + j if r == row else e for e, (j, r) in enumerate(src)]))
+    return acc
 
 
 def _split(b: ir.IRBuilder, v: ir.Value, n: int, w: int) -> list[ir.Value]:
@@ -152,7 +167,7 @@ def transposed_store_group(b: ir.IRBuilder, em: ExprEmitter, s: Loop) -> bool:
     flat = flat_index(st.index, shape)
     n = em.vec.lanes
     S = coef(flat, em.vec.var)
-    if dtype == "bool" or S is None or S < R or coef(flat, s.var) != 1 or R > n or n & (n - 1):
+    if dtype == "bool" or S is None or S < R or coef(flat, s.var) != 1 or (R > n and S != R) or n & (n - 1):
         return False
     w = min(n, BLOCK)
     if (S > R and n % w) or (S == R and guard is not None):

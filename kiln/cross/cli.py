@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from kiln.cli import check_outputs
+from kiln.checking import check_outputs
 from kiln.target import Target
 
 

@@ -221,8 +221,10 @@ def schedule_ukernel(k: Kernel, c: Compute, tag: str, target: Target, threads: i
                      options: dict[str, bool]) -> list[Stmt] | None:
     """The loop nest of a packed anchor around the target's microkernel, or None where it does not apply."""
     main = ukernel_for(target)
-    if main is None or c.hints.get("nr") != main.nr or "m_axis" not in c.hints:
+    one_vector = narrow_cols(target) if target.arch == "x86_64" else None  # one-vector blocks' panels (x86)
+    if main is None or c.hints.get("nr") not in (main.nr, one_vector) or "m_axis" not in c.hints:
         return None
+    panel = int(c.hints["nr"])
     spatial = [a % len(c.axes) for a in c.hints.get("spatial", ())]
     if spatial and c.hints["m_axis"] % len(c.axes) == spatial[1] and c.extents[spatial[0]] > 1:
         c = flatten_rows(c)  # as the direct tile does: row tiles of MR pixels that run on over row ends
@@ -238,17 +240,17 @@ def schedule_ukernel(k: Kernel, c: Compute, tag: str, target: Target, threads: i
         return None
     n_v, M = c.axes[n_axis], c.extents[m_axis]
     others = [(v, e) for i, (v, e) in enumerate(zip(c.axes, c.extents)) if i not in (m_axis, n_axis)]
-    split = _panel_operand(red, n_v, main.nr, lambda name: k.buffer(name).shape, others)
+    split = _panel_operand(red, n_v, panel, lambda name: k.buffer(name).shape, others)
     if split is None:
         return None
     bload, a_expr, b_base = split
     K = int(np.prod([n for _, n in red.axes]))
-    uk = ukernel_for(target, pick_mr(M, main.mr))
+    uk = ukernel_for(target, pick_mr(M, main.mr), panel=panel)
     assert uk is not None
     k.extern_ir[uk.name] = uk.ir_text
     # a last panel with at most one vector of valid columns runs the narrow edge kernel (half the FMAs)
-    w, rem = narrow_cols(target), c.extents[n_axis] % main.nr
-    narrow = ukernel_for(target, uk.mr, w) if w and w < main.nr and 0 < rem <= w else None
+    w, rem = narrow_cols(target), c.extents[n_axis] % uk.nr
+    narrow = ukernel_for(target, uk.mr, w) if w and w < uk.nr and 0 < rem <= w else None
     if narrow is not None:
         k.extern_ir[narrow.name] = narrow.ir_text
     return _nest(k, c, tag, target, threads if options.get("parallel", True) else 1, uk, narrow, red, bload,

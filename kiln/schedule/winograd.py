@@ -46,6 +46,11 @@ def schedule_winograd(c: Compute, target: Target, threads: int) -> list[Stmt] | 
     lanes = target.lanes(32)
     if any(isinstance(e, Reduce) for e in walk(c.body)):
         return None  # the output transform fused into another anchor's epilogue (a shortcut conv's residual add)
+    if "reorder" in c.hints:
+        # the output transform inlined into the reorder back to NCHW (axes n, c, h, w), whose own transposed
+        # schedule declined (rows shorter than half a vector: AVX-512's 16 lanes on a 6-pixel row): the default
+        # schedule, vectors along the NCHW row
+        return None
     if kind == "input":
         b, r, cc, cib, t, ci = c.axes
         nb, _, _, ncib, nt, cb = c.extents

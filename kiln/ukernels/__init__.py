@@ -54,6 +54,7 @@ class PackKernel:
 X86_FAMILIES: dict[str, tuple[int, int, int]] = {
     "avx512": (16, 14, 32),   # 28 zmm accumulators + 2 B vectors of 32 registers
     "avx2": (8, 6, 16),       # 12 ymm accumulators + 2 B vectors + 1 broadcast of 16 registers
+    "sse": (4, 4, 8),         # 8 xmm accumulators + 2 B vectors + 1 broadcast (MR ≤ 4: the pack's 4-lane transpose)
 }
 # cross-ISA families (kiln/ukernels/aarch64.py, riscv.py): NR = 8, the panels of a 128-bit minimum vector; no
 # packing kernels (the compiler packs A itself). "lanes" = NR for SVE/RVV: they have no narrow edge kernels.
@@ -73,7 +74,11 @@ def isa_of(target: Target) -> str | None:
         return "neon" if "neon" in feats else None
     if target.arch == "riscv64" and target.scalable and "v" in feats and target.vector_bits == 128:
         return "rvv"
-    if target.arch != "x86_64" or target.scalable or not target.has_fma:
+    if target.arch != "x86_64" or target.scalable:
+        return None
+    if target.vector_bits == 128:
+        return "sse"
+    if not target.has_fma:
         return None
     if target.vector_bits == 512 and target.vector_registers >= 32 and "avx512f" in feats:
         return "avx512"
@@ -83,8 +88,9 @@ def isa_of(target: Target) -> str | None:
 
 
 @functools.cache
-def _kernel(isa: str, mr: int, cols: int) -> UKernel:
+def _kernel(isa: str, mr: int, cols: int, panel: int | None = None) -> UKernel:
     width, _, nr = FAMILIES[isa]
+    nr = panel or nr
     text = {"neon": lambda: neon_kernel_ir(mr, nr, cols), "sve": lambda: sve_kernel_ir(mr, nr),
             "rvv": lambda: rvv_kernel_ir(mr, nr)}.get(isa, lambda: x86_kernel_ir(isa, mr, nr, width, cols=cols))()
     return UKernel(kernel_name(isa, mr, nr, cols), mr, nr, isa, text, cols)
@@ -108,10 +114,12 @@ def narrow_cols(target: Target) -> int | None:
     return None if isa is None else FAMILIES[isa][0]
 
 
-def ukernel_for(target: Target, mr: int | None = None, cols: int | None = None) -> UKernel | None:
+def ukernel_for(target: Target, mr: int | None = None, cols: int | None = None,
+                panel: int | None = None) -> UKernel | None:
     """The main microkernel for `target` (mr=None) or the family's kernel with `mr` rows (1 ≤ mr ≤ main MR);
     `cols` (a multiple of the vector width < NR) picks the narrow edge kernel for a last, mostly empty panel.
-    None when Kiln has no microkernels for the target's ISA."""
+    `panel` = one vector (x86): the kernel of one-vector-wide B panels (a blocked layout whose channel block is one
+    vector: 24 channels on AVX2, 20 on SSE). None when Kiln has no microkernels for the target's ISA."""
     isa = isa_of(target)
     if isa is None:
         return None
@@ -121,6 +129,10 @@ def ukernel_for(target: Target, mr: int | None = None, cols: int | None = None) 
     if not 1 <= mr <= main_mr:
         raise ValueError(f"{isa} microkernels have 1..{main_mr} rows, not {mr}")
     width, _, nr = FAMILIES[isa]
+    if panel is not None and panel != nr:
+        if panel != width or isa not in X86_FAMILIES or cols not in (None, width):
+            raise ValueError(f"{isa} microkernels take B panels of {nr} or (x86) {width} columns, not {panel}")
+        return _kernel(isa, mr, width, width)
     if cols is None:
         cols = nr
     if cols % width or not 0 < cols <= nr:

@@ -1,4 +1,5 @@
-"""Hand-written x86 f32 GEMM microkernels in LLVM IR (AVX-512 and AVX2, explicit `llvm.fma` intrinsics).
+"""Hand-written x86 f32 GEMM microkernels in LLVM IR (AVX-512 and AVX2 with explicit `llvm.fma` intrinsics; SSE,
+which has no FMA, with a multiply and an add).
 
 One kernel computes an MR×NR tile of C from a packed A panel and a packed B panel (the interface of every
 Kiln microkernel, see kiln/ukernels/__init__.py):
@@ -46,6 +47,7 @@ def x86_kernel_ir(isa: str, mr: int, nr: int, width: int, unroll: int = UNROLL,
     if nr % width or cols % width or not 0 < cols <= nr or mr < 1 or unroll < 1:
         raise ValueError(f"bad microkernel shape {mr}x{cols} of {nr} for {width}-lane vectors (unroll {unroll})")
     nv = cols // width
+    fused = isa != "sse"
     vt = f"<{width} x float>"
     name = kernel_name(isa, mr, nr, cols)
     accs = [(i, v) for i in range(mr) for v in range(nv)]
@@ -67,8 +69,12 @@ def x86_kernel_ir(isa: str, mr: int, nr: int, width: int, unroll: int = UNROLL,
             emit(f"  %as.{tag}.{i} = shufflevector {vt} %ai.{tag}.{i}, {vt} poison, <{width} x i32> zeroinitializer")
             for v in range(nv):
                 d = f"%c.{tag}.{i}.{v}"
-                emit(f"  {d} = call {vt} @llvm.fma.v{width}f32({vt} %as.{tag}.{i}, {vt} %b.{tag}.{v}, "
-                     f"{vt} {src[(i, v)]})")
+                if fused:
+                    emit(f"  {d} = call {vt} @llvm.fma.v{width}f32({vt} %as.{tag}.{i}, {vt} %b.{tag}.{v}, "
+                         f"{vt} {src[(i, v)]})")
+                else:  # SSE has no FMA: a multiply and an add (a libm fmaf per lane otherwise)
+                    emit(f"  %p.{tag}.{i}.{v} = fmul {vt} %as.{tag}.{i}, %b.{tag}.{v}")
+                    emit(f"  {d} = fadd {vt} {src[(i, v)]}, %p.{tag}.{i}.{v}")
                 new[(i, v)] = d
         return new
 
@@ -163,7 +169,7 @@ def x86_kernel_ir(isa: str, mr: int, nr: int, width: int, unroll: int = UNROLL,
     for s_, cur in enumerate(cur_sets):
         for (i, v), name_ in cur.items():
             text = text.replace(f"@NEXT{s_}.{i}.{v}@", name_)
-    decls = [f"declare {vt} @llvm.fma.v{width}f32({vt}, {vt}, {vt})"]
+    decls = [f"declare {vt} @llvm.fma.v{width}f32({vt}, {vt}, {vt})"] if fused else []
     if prefetch_steps:
         decls.append("declare void @llvm.prefetch.p0(ptr nocapture readonly, i32 immarg, i32 immarg, i32 immarg)")
     return text + "\n" + "\n".join(decls) + "\n"
