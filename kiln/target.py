@@ -116,6 +116,16 @@ _WIDTH_FEATURES: dict[int, tuple[str, ...]] = {
 }
 
 
+# features turned off to limit the host to a width: the wider ones and every feature that implies them (LLVM turns
+# AVX back on for +f16c/+vaes/+vpclmulqdq/+sha512/..., and the "SSE" code was then VEX code that an SSE-only CPU
+# faults on; legacy-SSE code also faults on a misaligned folded load where VEX code does not)
+_WIDER_THAN_256 = ("avx512", "avx10", "amx", "evex512")
+_WIDTH_DROPS: dict[int, tuple[str, ...]] = {
+    256: _WIDER_THAN_256,
+    128: _WIDER_THAN_256 + ("avx", "fma", "f16c", "vaes", "vpclmulqdq", "xop", "sha512", "sm3", "sm4"),
+}
+
+
 def host_with(vector_bits: int) -> Target:
     """The host limited to `vector_bits`-wide vectors (AVX2 / SSE fallbacks, ablations, the per-width tests).
 
@@ -132,7 +142,7 @@ def host_with(vector_bits: int) -> Target:
         feats = ",".join(f"+{f}" for f in _WIDTH_FEATURES[512])
         return replace(h, name="avx512", cpu="x86-64-v4", features=feats, vector_bits=512, vector_registers=32,
                        has_fma=True)
-    drop = {256: ("avx512", "amx"), 128: ("avx512", "amx", "avxvnni", "avx2", "avx", "fma")}[vector_bits]
+    drop = _WIDTH_DROPS[vector_bits]
     feats = ",".join(("-" + f[1:]) if f[1:].startswith(drop) else f for f in h.features.split(","))
     return replace(h, name=f"host-{vector_bits}", features=feats, vector_bits=vector_bits, vector_registers=16,
                    has_fma=vector_bits > 128)
