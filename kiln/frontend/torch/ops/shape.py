@@ -155,3 +155,25 @@ def tri(cx: AtenCtx, a: Args) -> Value:
     diff = np.arange(m)[None, :] - np.arange(n)[:, None]
     keep = diff <= k if cx.op == "tril.default" else diff >= k
     return cx.add("Where", [cx.constant(keep), x, cx.scalar(0, x.dtype)])
+
+
+@aten("slice_scatter.default", "select_scatter.default")
+def slice_scatter(cx: AtenCtx, a: Args) -> Value:
+    """x with x[..., start:end, ...] = src (what functionalization makes of an in-place slice assignment):
+    the parts of x before and after the window, and src between them."""
+    x, src = a["self"], cx.cast(a["src"], a["self"].dtype)
+    rank = len(x.shape)
+    dim = _dim(a["dim"], rank)
+    if cx.op == "select_scatter.default":
+        i = a["index"] + x.shape[dim] if a["index"] < 0 else a["index"]
+        start, end, step = i, i + 1, 1
+        shape = list(x.shape)
+        shape[dim] = 1
+        src = cx.reshape(src, shape)
+    else:
+        start, end, step = slice(a["start"], a["end"], a["step"]).indices(x.shape[dim])
+    if step != 1:
+        raise cx.unsupported(f"a strided slice assignment (step {step})")
+    parts = ([_slice(cx, x, dim, 0, start, 1)] if start > 0 else []) + [src] + \
+        ([_slice(cx, x, dim, end, None, 1)] if end < x.shape[dim] else [])
+    return parts[0] if len(parts) == 1 else cx.add("Concat", parts, axis=dim)
