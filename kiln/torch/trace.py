@@ -45,7 +45,8 @@ def aot_core_aten(gm: torch.fx.GraphModule, args: list[Any], frozen: set[int]) -
     the arguments in `frozen` (parameters, buffers) turned into constants unless the graph writes to them."""
     from torch._functorch.aot_autograd import aot_export_module
 
-    with torch.no_grad():
+    # outside dynamo's tracing context: its fake mode (symbolic shapes) must not be picked up for these real inputs
+    with torch.no_grad(), torch._guards.tracing(None):
         agm, sig = aot_export_module(gm, args, trace_joint=False, decompositions=decompositions())
     placeholders = [n for n in agm.graph.nodes if n.op == "placeholder"]
     index = {n.name: i for i, n in enumerate(placeholders)}
