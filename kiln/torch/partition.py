@@ -80,8 +80,35 @@ def partition(gm: torch.fx.GraphModule) -> Partitioned:
     proposed = partitioner.propose_partitions()
     worth = [p for p in proposed if any(op_key(n.target) not in _FREE for n in p.nodes if n.op == "call_function")]
     fused = partitioner.fuse_partitions(worth) if worth else gm
+    _constants_inside(fused)
     out = Partitioned(fused, ops=ops)
     out.kiln = [n.target for n in fused.graph.nodes if n.op == "call_module" and n.target.startswith("fused_")]
     for node, why in support.reasons.items():
         out.fallbacks.append(Fallback(f"aten.{op_key(node.target)}", node.name, _short_reason(why), source_line(node)))
     return out
+
+
+def _constants_inside(gm: torch.fx.GraphModule) -> None:
+    """The partitioner passes the constants a partition reads (frozen weights: get_attr nodes) in as arguments;
+    move them inside, so Kiln sees constants it can fold, pack and lay out, not run-time inputs."""
+    for node in gm.graph.nodes:
+        if node.op != "call_module" or not node.target.startswith("fused_"):
+            continue
+        sub = getattr(gm, node.target)
+        placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+        kept = []
+        for i, (ph, arg) in enumerate(zip(placeholders, node.args)):
+            if not (isinstance(arg, torch.fx.Node) and arg.op == "get_attr"):
+                kept.append(arg)
+                continue
+            name = f"_kiln_const_{i}"
+            sub.register_buffer(name, getattr(gm, arg.target), persistent=False)
+            with sub.graph.inserting_before(ph):
+                const = sub.graph.get_attr(name)
+            const.meta = dict(arg.meta) or dict(ph.meta)
+            ph.replace_all_uses_with(const)
+            sub.graph.erase_node(ph)
+        node.args = tuple(kept)
+        sub.recompile()
+    gm.graph.eliminate_dead_code()
+    gm.recompile()

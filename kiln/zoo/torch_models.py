@@ -9,9 +9,9 @@ BatchNorm running statistics come from one calibration batch pushed through the 
 through every network, which keeps relative-error comparisons meaningful. Importing this module imports torch."""
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -170,25 +170,32 @@ def bert_init(module: nn.Module, seed: int) -> None:
                 m.bias.copy_(torch.randn(m.bias.shape, generator=g) * 0.02)
 
 
-def _vision(cls: type[nn.Module], seed: int) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+INPUT_SHAPES: dict[str, tuple[int, ...]] = {"torch_resnet50": IMAGE_SHAPE, "torch_mobilenetv2": IMAGE_SHAPE,
+                                          "torch_bert_base": (1, 128, 768)}
+
+
+def _input(name: str, seed: int) -> torch.Tensor:
+    return torch.randn(INPUT_SHAPES[name], generator=torch.Generator().manual_seed(seed + 2))
+
+
+def _vision(cls: type[nn.Module], seed: int) -> nn.Module:
     torch.manual_seed(seed)
     m = cls()
     calibrate_batchnorm(m, torch.randn((4,) + IMAGE_SHAPE[1:], generator=torch.Generator().manual_seed(seed + 1)),
                         seed)
-    return m, (torch.randn(IMAGE_SHAPE, generator=torch.Generator().manual_seed(seed + 2)),)
+    return m
 
 
-def _bert(seed: int, seq: int = 128, layers: int = 12) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-    m = BertEncoder(layers)
+def _bert(seed: int) -> nn.Module:
+    m = BertEncoder()
     bert_init(m, seed)
-    m.eval()
-    return m, (torch.randn((1, seq, 768), generator=torch.Generator().manual_seed(seed + 2)),)
+    return m.eval()
 
 
-MODELS: dict[str, Callable[[int], tuple[nn.Module, tuple[torch.Tensor, ...]]]] = {
+MODELS: dict[str, Callable[[int], nn.Module]] = {
     "torch_resnet50": lambda seed: _vision(ResNet50, seed),
     "torch_mobilenetv2": lambda seed: _vision(MobileNetV2, seed),
-    "torch_bert_base": lambda seed: _bert(seed),
+    "torch_bert_base": _bert,
 }
 
 
@@ -200,27 +207,11 @@ def build(name: str, seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]
     """(module in eval mode, example inputs); the same (name, seed) always gives the same weights and inputs."""
     if name not in MODELS:
         raise KeyError(f"unknown torch model {name!r}; valid names: {', '.join(MODELS)}")
-    return MODELS[name](seed)
+    return MODELS[name](seed), (_input(name, seed),)
 
 
-def flops(name: str) -> float:
-    """2·MACs of the convolutions and matrix products of one inference (as kiln.zoo counts its ONNX twins)."""
-    module, inputs = build(name)
-    total = [0.0]
-
-    def conv_hook(m: nn.Module, ins: tuple, out: torch.Tensor) -> None:
-        total[0] += 2.0 * out.numel() * (m.in_channels // m.groups) * math.prod(m.kernel_size)
-
-    def linear_hook(m: nn.Module, ins: tuple, out: torch.Tensor) -> None:
-        total[0] += 2.0 * out.numel() * m.in_features
-
-    hooks = [m.register_forward_hook(conv_hook if isinstance(m, nn.Conv2d) else linear_hook)
-             for m in module.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
-    with torch.no_grad():
-        module(*inputs)
-    for h in hooks:
-        h.remove()
-    if name == "torch_bert_base":  # the attention products, which are not modules: QK^T and PV per layer
-        _, s, h = inputs[0].shape
-        total[0] += len(module.layer) * 2 * 2.0 * s * s * h
-    return total[0]
+def example_inputs(name: str, seed: int = 0) -> dict[str, np.ndarray]:
+    """The inputs of `build(name, seed)` by the forward's argument name, without building the model."""
+    if name not in MODELS:
+        raise KeyError(f"unknown torch model {name!r}; valid names: {', '.join(MODELS)}")
+    return {"x": _input(name, seed).numpy()}

@@ -4,6 +4,8 @@ Precision: on CPUs with AVX512_BF16 (Zen 4 here) OpenVINO runs in bf16 by defaul
 error, and faster); `INFERENCE_PRECISION_HINT = f32` forces the fp32 row that the other peers are
 compared on. Strategy "bf16" keeps OpenVINO's default precision for reference.
 
+torch.nn workloads (kind "torch") and strategy "torch-compile": see `_torch_module` below.
+
 Threads: `INFERENCE_NUM_THREADS = threads`, `NUM_STREAMS = 1` and `PERFORMANCE_HINT = LATENCY`
 (one inference at a time, batch 1); OpenVINO's TBB executor pins nothing unless ENABLE_CPU_PINNING
 says so, which is left at its default. Each run is a synchronous `infer` on one InferRequest with
@@ -41,8 +43,8 @@ def import_openvino() -> Any:
 
 class OpenVinoPeer(Peer):
     name = "openvino"
-    kinds = frozenset({"gemm", "conv", "network"})
-    strategies = ("default", "bf16")
+    kinds = frozenset({"gemm", "conv", "network", "torch"})
+    strategies = ("default", "bf16", "torch-compile")
     requirement = "openvino"
 
     def available(self) -> tuple[bool, str]:
@@ -58,6 +60,8 @@ class OpenVinoPeer(Peer):
     def prepare(self, workload: Workload, threads: int, strategy: str = "default") -> Runner:
         strategy = self.check(workload, threads, strategy)
         ov = import_openvino()
+        if strategy == "torch-compile" or workload.build_torch is not None:
+            return _torch_module(ov, workload, threads, strategy)
         core = ov.Core()
         path = save_model(workload.build_model(), workload.name)
         try:
@@ -79,3 +83,43 @@ class OpenVinoPeer(Peer):
 
         run.keepalive = (core, compiled)  # type: ignore[attr-defined]
         return run
+
+
+def _torch_module(ov: Any, workload: Workload, threads: int, strategy: str) -> Runner:
+    """Strategy "torch-compile": OpenVINO's torch.compile backend (`backend="openvino"`, registered by the openvino
+    wheel) on the torch module (a torch workload's own nn.Module, or the ONNX model translated to aten ops),
+    compiled at the first call, which is made here (so compile_s includes it). Other strategies on a torch
+    workload: the nn.Module read by OpenVINO's PyTorch frontend (`openvino.convert_model`)."""
+    import torch
+
+    from kiln.bench.peers.torch import module_and_inputs, outputs_to_numpy, set_threads
+
+    config = {"INFERENCE_NUM_THREADS": threads, "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"}
+    if strategy != "bf16":
+        config["INFERENCE_PRECISION_HINT"] = "f32"
+    set_threads(threads)  # ATen's pool, for what the torch.compile backend leaves to eager PyTorch
+    module, xs = module_and_inputs(workload)
+    if strategy == "torch-compile":
+        compiled = torch.compile(module, backend="openvino",
+                                 options={"device": "CPU", "config": {k: str(v) for k, v in config.items()}})
+        with torch.no_grad():
+            compiled(*xs)
+
+        def run_compiled() -> list[np.ndarray]:
+            with torch.no_grad():
+                return outputs_to_numpy(compiled(*xs))
+
+        return run_compiled
+    core = ov.Core()
+    with torch.no_grad():
+        model = core.compile_model(ov.convert_model(module, example_input=tuple(xs)), "CPU", config)
+    req = model.create_infer_request()
+    feeds = {i: x.numpy() for i, x in enumerate(xs)}
+    outs = model.outputs
+
+    def run() -> list[np.ndarray]:
+        res = req.infer(feeds, share_inputs=True)
+        return [res[o] for o in outs]
+
+    run.keepalive = (core, model)  # type: ignore[attr-defined]
+    return run
