@@ -17,8 +17,11 @@ skipped when CI=true, so the import runs with CI=true set for its duration only.
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import shutil
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -100,10 +103,14 @@ def _torch_module(ov: Any, workload: Workload, threads: int, strategy: str) -> R
     set_threads(threads)  # ATen's pool, for what the torch.compile backend leaves to eager PyTorch
     module, xs = module_and_inputs(workload)
     if strategy == "torch-compile":
-        compiled = torch.compile(module, backend="openvino",
-                                 options={"device": "CPU", "config": {k: str(v) for k, v in config.items()}})
-        with torch.no_grad():
+        # aot_autograd: the backend's own make_fx trace (the default) fails under torch 2.13's dynamo ("sources
+        # must not be empty for symbol"); through AOTAutograd it gets a traced graph with parameters as constants
+        compiled = torch.compile(module, backend="openvino", options={
+            "device": "CPU", "aot_autograd": True, "config": {k: str(v) for k, v in config.items()}})
+        with torch.no_grad(), _openvino_failures() as failures:
             compiled(*xs)
+        if failures:  # the backend swallows its errors and compiles with inductor instead: not OpenVINO's number
+            raise RuntimeError(f"openvino's torch.compile backend failed (it fell back to inductor): {failures[0]}")
 
         def run_compiled() -> list[np.ndarray]:
             with torch.no_grad():
@@ -123,3 +130,24 @@ def _torch_module(ov: Any, workload: Workload, threads: int, strategy: str) -> R
 
     run.keepalive = (core, model)  # type: ignore[attr-defined]
     return run
+
+
+@contextlib.contextmanager
+def _openvino_failures() -> Iterator[list[str]]:
+    """The failures OpenVINO's torch.compile backend logs (at debug level) before falling back to inductor."""
+    failures: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("Failed in OpenVINO"):
+                failures.append(record.getMessage())
+
+    log = logging.getLogger("openvino.frontend.pytorch.torchdynamo.backend")
+    handler, level = Collect(logging.DEBUG), log.level
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG)
+    try:
+        yield failures
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
