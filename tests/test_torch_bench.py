@@ -66,10 +66,16 @@ def test_torch_peers_on_a_torch_workload(name: str, strategy: str) -> None:
 
 def test_torch_suite_names_the_zoo_models() -> None:
     assert workloads.SUITES["torch"] == ("torch_resnet50", "torch_mobilenetv2", "torch_bert_base")
+    assert all(workloads.kind_of(n) == "torch" and n in workloads.factories() for n in workloads.SUITES["torch"])
+    from kiln.zoo import torch_models
+    assert torch_models.example_inputs("torch_bert_base")["x"].shape == (1, 128, 768)
+
+
+@pytest.mark.slow  # builds the three ONNX twins for their FLOP counts (≈ 9 s)
+def test_torch_workloads_count_their_onnx_twins_flops() -> None:
     for name, twin in workloads.TORCH_NETWORKS.items():
         w = workloads.get(name)
-        assert w.kind == "torch" and w.build_torch is not None and workloads.kind_of(name) == "torch"
+        assert w.kind == "torch" and w.build_torch is not None
         assert w.flops == workloads.get(twin).flops > 1e8
         with pytest.raises(ValueError, match="torch.nn workload"):
             w.build_model()
-    assert workloads.get("torch_bert_base").inputs["x"].shape == (1, 128, 768)

@@ -8,10 +8,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from torch import nn  # noqa: E402
-from torch_cases import _fresh_dynamo, assert_matches, case  # noqa: E402, F401
+from torch_cases import _fresh_dynamo, assert_matches, case, emit_module  # noqa: E402, F401
 
 import kiln  # noqa: E402
 import kiln.torch  # noqa: E402
+from conftest import width_runs  # noqa: E402
+from kiln.target import resolve  # noqa: E402
 
 
 def test_from_torch_saves_and_loads(tmp_path: pytest.TempPathFactory) -> None:
@@ -28,6 +30,25 @@ def test_from_torch_saves_and_loads(tmp_path: pytest.TempPathFactory) -> None:
     loaded = kiln.load(path)
     assert_matches([torch.from_numpy(o) for o in loaded.run(feeds)], list(want), what="loaded")
     assert_matches(list(kiln.torch.as_module(loaded)(*inputs)), list(want), what="loaded, on tensors")
+
+
+@pytest.mark.parametrize("name", ["convnet_bn", "transformer_sdpa_causal"])
+def test_from_torch_matches_eager_per_width(name: str, width: str) -> None:
+    """The AOT path per x86 vector width: the exported program compiled for `width`, run (or, on a host that cannot
+    execute it, lowered and emitted), compared with eager PyTorch."""
+    module, inputs = case(name)
+    if not width_runs(width):
+        emit_module(module, inputs, width)
+        return
+    with torch.no_grad():
+        want = module(*inputs)
+    exe = kiln.from_torch(module, inputs, target=width, num_threads=2, cache=False)
+    assert exe.target.vector_bits == resolve(width).vector_bits
+    got = kiln.torch.as_module(exe)(*inputs)
+    if isinstance(want, tuple):
+        assert_matches(list(got), list(want))
+    else:
+        assert_matches(got[0] if isinstance(got, (tuple, list)) else got, want)
 
 
 def test_from_torch_several_inputs_and_int_indices() -> None:

@@ -12,15 +12,16 @@ torch = pytest.importorskip("torch")
 from torch_cases import CASES, _fresh_dynamo, case, check_module  # noqa: E402, F401
 
 import kiln.torch  # noqa: E402
+from conftest import width_runs  # noqa: E402
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_module_matches_eager(name: str, width: str) -> None:
     module, inputs = case(name)
     check_module(module, inputs, width)
-    st = kiln.torch.stats()
-    assert st.get("fallback_ops", 0) == 0, st
-    assert st.get("compiles", 0) >= 1 or not st, st
+    if width_runs(width):  # (otherwise check_module lowered and emitted the object: no backend call)
+        st = kiln.torch.stats()
+        assert st.get("fallback_ops", 0) == 0 and st.get("compiles", 0) >= 1, st
 
 
 def test_import_is_not_an_onnx_round_trip() -> None:
