@@ -14,6 +14,7 @@ from typing import Any
 import onnx
 
 from kiln.errors import TargetError
+from kiln.frontend.torch.importer import AtenProgram
 from kiln.graph.ir import Graph
 from kiln.target import Target, host, missing_features, resolve
 
@@ -50,15 +51,19 @@ def check_options(options: dict[str, Any]) -> dict[str, bool]:
     return {k: bool(v) for k, v in options.items()}
 
 
-def lower(model: onnx.ModelProto | str | bytes, target: Target, num_threads: int, options: dict[str, bool],
-          input_shapes: dict[str, Sequence[int]] | None = None, trace: Trace | None = None,
+def lower(model: onnx.ModelProto | str | bytes | AtenProgram, target: Target, num_threads: int,
+          options: dict[str, bool], input_shapes: dict[str, Sequence[int]] | None = None, trace: Trace | None = None,
           stop_after: str = "object", strategy: str = "direct",
           strategies: dict[str, str] | None = None, bounds_check: bool = False) -> Compiled:
     from kiln.frontend.onnx import import_onnx
+    from kiln.frontend.torch import import_aten
     from kiln.strategy import assign_strategies
 
     t0 = time.perf_counter()
-    graph = import_onnx(model, input_shapes)                                 # 1. ONNX → graph IR
+    if isinstance(model, AtenProgram):
+        graph = import_aten(model)                                           # 1. torch FX (Core ATen) → graph IR
+    else:
+        graph = import_onnx(model, input_shapes)                             # 1. ONNX → graph IR
     graph = assign_strategies(graph, strategy, strategies)                   #    direct/ukernel/library per anchor
     if any(n.attrs.get("strategy") == "auto" for n in graph.nodes):          #    auto: measured on the target
         from kiln.autostrategy import choose_strategies
@@ -147,11 +152,13 @@ def _cache_key(model_bytes: bytes, target: Target, num_threads: int, options: di
     return h.hexdigest()[:32]
 
 
-def compile(model: onnx.ModelProto | str | bytes | os.PathLike, target: str | Target = "host",
+def compile(model: onnx.ModelProto | str | bytes | os.PathLike | AtenProgram, target: str | Target = "host",
             num_threads: int | None = None, input_shapes: dict[str, Sequence[int]] | None = None,
             cache: bool = True, strategy: str = "direct", strategies: dict[str, str] | None = None,
             bounds_check: bool = False, **options: bool):
-    """Compile an ONNX model (proto, path or bytes) into an Executable for `target`.
+    """Compile an ONNX model (proto, path or bytes) — or a Core ATen program from the torch frontend
+    (kiln.frontend.torch.AtenProgram; `kiln.from_torch` and the "kiln" torch.compile backend make them) — into an
+    Executable for `target`.
 
     `strategy` says how anchor ops (MatMul, Conv) are built — "direct" | "ukernel" | "library[:name]" | "auto"
     (kiln/strategy.py); `strategies` overrides it per node name or op type. `bounds_check=True` is the debug
@@ -176,15 +183,22 @@ def compile(model: onnx.ModelProto | str | bytes | os.PathLike, target: str | Ta
     threads = int(num_threads) if num_threads else default_threads()
     if threads < 1:
         raise ValueError(f"num_threads must be ≥ 1, got {num_threads}")
-    proto = load_model(model)
+    if isinstance(model, AtenProgram):
+        if input_shapes:
+            raise ValueError("input_shapes is for ONNX models: a torch program has the shapes it was traced with")
+        proto, identity = model, model.fingerprint()
+    else:
+        proto = load_model(model)
+        identity = proto.SerializeToString(deterministic=True)
     path = None
     if cache:
-        key = _cache_key(proto.SerializeToString(deterministic=True), tgt, threads, opts, input_shapes, strategy,
-                         strategies, bounds_check)
+        key = _cache_key(identity, tgt, threads, opts, input_shapes, strategy, strategies, bounds_check)
         path = os.path.join(cache_dir(), key + ".kiln")
         if os.path.exists(path):
             try:
-                return Executable.load(path, num_threads=threads)
+                exe = Executable.load(path, num_threads=threads)
+                exe.cached = True
+                return exe
             except ValueError:
                 pass  # stale or foreign cache entry: recompile and overwrite
     c = lower(proto, tgt, threads, opts, input_shapes, strategy=strategy, strategies=strategies,

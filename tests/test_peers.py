@@ -245,7 +245,7 @@ def test_registry_and_kinds() -> None:
         get_peers(["nosuch"])
     for name, cls in PEERS.items():
         p = cls()
-        assert p.name == name and p.kinds <= {"gemm", "conv", "network"} and p.strategies
+        assert p.name == name and p.kinds <= {"gemm", "conv", "network", "torch"} and p.strategies
         ok, why = p.available()
         assert ok or why, f"{name} unavailable without a reason"
 

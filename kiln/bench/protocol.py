@@ -2,7 +2,8 @@
 
 For one workload:
  1. every system prepares (compile time recorded apart) and runs once in its own worker process;
-    its outputs are checked against a reference (NumPy float64 for GEMM, onnxruntime otherwise):
+    its outputs are checked against a reference (NumPy float64 for GEMM, eager PyTorch in float64 for
+    torch.nn workloads, onnxruntime otherwise):
     max_rel_err = max|out - ref| / max|ref| must be <= tolerance, or the system is reported wrong
     and never timed; a crash or a timeout is reported with its reason;
  2. warm-up, then the number of calls per turn is set so that one turn lasts about `round_s`;
@@ -95,6 +96,12 @@ def reference(w: Workload, threads: int) -> Reference:
         g = w.gemm
         out = g.a.astype(np.float64) @ g.b.astype(np.float64)
         return Reference([out], in_bytes + g.b.nbytes + 4.0 * g.m * g.n)
+    if w.build_torch is not None:
+        try:
+            outs, weights = _eager_float64(w)
+        except Exception as exc:  # reported per record as 'unchecked'
+            return Reference(None, in_bytes, f"reference failed: {type(exc).__name__}: {exc}")
+        return Reference(outs, in_bytes + weights + sum(o.nbytes / 2 for o in outs))
     try:
         model = w.build_model()
         weights = float(sum(int(np.prod(t.dims)) * 4 for t in model.graph.initializer))
@@ -102,6 +109,18 @@ def reference(w: Workload, threads: int) -> Reference:
     except Exception as exc:  # reported per record as 'unchecked'
         return Reference(None, in_bytes, f"reference failed: {type(exc).__name__}: {exc}")
     return Reference(outs, in_bytes + weights + sum(o.nbytes for o in outs))
+
+
+def _eager_float64(w: Workload) -> tuple[list[np.ndarray], float]:
+    """A torch workload's outputs from eager PyTorch in float64 (its reference), and its float32 weight bytes."""
+    import torch
+
+    module, _ = w.build_torch()
+    weights = float(sum(t.numel() * 4 for t in module.state_dict().values() if t.is_floating_point()))
+    xs = [torch.from_numpy(np.asarray(a, dtype=np.float64)) for a in w.inputs.values()]
+    with torch.no_grad():
+        outs = module.double().eval()(*xs)
+    return [o.numpy() for o in (outs if isinstance(outs, (tuple, list)) else [outs])], weights
 
 
 def _onnxruntime(model: Any, feeds: dict[str, np.ndarray], threads: int) -> list[np.ndarray]:

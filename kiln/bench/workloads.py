@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx
@@ -91,6 +92,10 @@ CONVS: dict[str, ConvShape] = {
 }
 
 NETWORKS: tuple[str, ...] = ("resnet18", "resnet50", "mobilenetv2", "bert_base", "mlp")
+# torch.nn models (kiln/zoo/torch_models.py) for the torch.compile backends, each with its ONNX zoo twin (the same
+# architecture: its FLOP count is theirs)
+TORCH_NETWORKS: dict[str, str] = {"torch_resnet50": "resnet50", "torch_mobilenetv2": "mobilenetv2",
+                                  "torch_bert_base": "bert_base"}
 ZOO_KERNELS = frozenset({"gemm_1024", "gemm_odd", "conv_r50_3x3", "conv_dw"})
 
 SUITES: dict[str, tuple[str, ...]] = {
@@ -99,6 +104,9 @@ SUITES: dict[str, tuple[str, ...]] = {
     "kernels": (*GEMMS, *CONVS),
     "networks": NETWORKS,
     "full": (*GEMMS, *CONVS, *NETWORKS),
+    # `kiln bench --suite torch --systems kiln,inductor,openvino --strategy kiln=torch-compile
+    #  --strategy openvino=torch-compile`: the torch.compile backends on torch.nn models
+    "torch": tuple(TORCH_NETWORKS),
 }
 
 
@@ -185,6 +193,25 @@ def network_workload(name: str) -> Workload:
                     tags=_tags(name))
 
 
+def _torch_build(name: str) -> tuple[Any, tuple[Any, ...]]:
+    from kiln.zoo import torch_models
+    return torch_models.build(name)
+
+
+def _no_onnx(name: str) -> onnx.ModelProto:
+    raise ValueError(f"{name} is a torch.nn workload: it has no ONNX model (systems that take torch modules run it)")
+
+
+def torch_workload(name: str) -> Workload:
+    import kiln.zoo
+    from kiln.zoo import torch_models
+
+    xs = torch_models.example_inputs(name)
+    return Workload(name=name, kind="torch", flops=float(kiln.zoo.flops(TORCH_NETWORKS[name])),
+                    build_model=functools.partial(_no_onnx, name), inputs=xs, tags=_tags(name),
+                    build_torch=functools.partial(_torch_build, name))
+
+
 def _zoo_has(name: str) -> bool:
     try:
         import kiln.zoo
@@ -206,6 +233,8 @@ def factories() -> dict[str, Callable[[], Workload]]:
         out[name] = functools.partial(conv_workload, name, shape)
     for name in NETWORKS:
         out[name] = functools.partial(network_workload, name)
+    for name in TORCH_NETWORKS:
+        out[name] = functools.partial(torch_workload, name)
     return out
 
 
@@ -223,4 +252,4 @@ def get(name: str) -> Workload:
 
 
 def kind_of(name: str) -> str:
-    return "gemm" if name in GEMMS else "conv" if name in CONVS else "network"
+    return "gemm" if name in GEMMS else "conv" if name in CONVS else "torch" if name in TORCH_NETWORKS else "network"

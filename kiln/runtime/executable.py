@@ -7,6 +7,7 @@ import json
 import threading
 import time
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +53,7 @@ class Executable:
         self._pool = pool_address()
         self._bounds = _bounds_record(self._code) if meta.get("bounds_check") else None
         self._lock = threading.Lock()  # one arena: one run at a time
+        self.cached = False  # kiln.compile served it from its compile cache
 
     @property
     def input_names(self) -> list[str]:
@@ -84,8 +86,6 @@ class Executable:
         """Run once. With `profile` (a dict), adds the seconds spent in each kernel to it."""
         ins = self._check(feeds)
         outs = [np.empty(s.shape, dtype=s.dtype) for s in self.outputs]
-        in_ptrs = (ctypes.c_void_p * max(1, len(ins)))(*[a.ctypes.data for a in ins])
-        out_ptrs = (ctypes.c_void_p * max(1, len(outs)))(*[a.ctypes.data for a in outs])
         hook = None
         if profile is not None:
             last = [time.perf_counter()]
@@ -96,6 +96,24 @@ class Executable:
                 profile[name] = profile.get(name, 0.0) + now - last[0]
                 last[0] = now
             hook = _HOOK_T(tick)
+        try:
+            self._call([a.ctypes.data for a in ins], [a.ctypes.data for a in outs], hook)
+        except BoundsError as err:
+            err.outputs = outs
+            raise
+        return outs
+
+    def run_pointers(self, inputs: Sequence[int], outputs: Sequence[int]) -> None:
+        """Run on buffers the caller owns, given by address: C-contiguous, of the dtypes and shapes of `self.inputs`
+        and `self.outputs`, which the caller has checked (nothing is copied: kiln/torch passes tensors' data_ptr)."""
+        if len(inputs) != len(self.inputs) or len(outputs) != len(self.outputs):
+            raise ValueError(f"{len(inputs)} input / {len(outputs)} output buffers for a model with "
+                             f"{len(self.inputs)} inputs and {len(self.outputs)} outputs")
+        self._call(inputs, outputs, None)
+
+    def _call(self, inputs: Sequence[int], outputs: Sequence[int], hook: Any) -> None:
+        in_ptrs = (ctypes.c_void_p * max(1, len(inputs)))(*inputs)
+        out_ptrs = (ctypes.c_void_p * max(1, len(outputs)))(*outputs)
         with self._lock:
             if self._bounds is not None:
                 ctypes.memset(self._bounds, 0, ctypes.sizeof(self._bounds))
@@ -104,10 +122,7 @@ class Executable:
                         ctypes.cast(hook, ctypes.c_void_p) if hook else None, self._pool)
             violation = list(self._bounds) if self._bounds is not None and self._bounds[0] else None
         if violation:
-            err = self._bounds_error(*violation)
-            err.outputs = outs
-            raise err
-        return outs
+            raise self._bounds_error(*violation)
 
     def _bounds_error(self, call: int, position: int, index: int, size: int, count: int) -> BoundsError:
         """Name the first violation a bounds-checked run recorded (layout: kiln/codegen/bounds.py)."""

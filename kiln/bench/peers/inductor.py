@@ -1,4 +1,5 @@
-"""TorchInductor peer: `torch.compile` of the translated module with weight freezing.
+"""TorchInductor peer: `torch.compile` of the translated module (a torch workload's own nn.Module) with weight
+freezing.
 
 `torch._inductor.config.freezing = True` (patched in for the compiling call only) makes the weights
 compile-time constants (constant folding, oneDNN weight prepacking for conv/linear); without it
@@ -22,7 +23,7 @@ from kiln.bench.workload import Workload
 
 class InductorPeer(Peer):
     name = "inductor"
-    kinds = frozenset({"gemm", "conv", "network"})
+    kinds = frozenset({"gemm", "conv", "network", "torch"})
     strategies = ("default", "max-autotune")
     requirement = "torch==2.13.0"
 

@@ -4,6 +4,8 @@ Precision: on CPUs with AVX512_BF16 (Zen 4 here) OpenVINO runs in bf16 by defaul
 error, and faster); `INFERENCE_PRECISION_HINT = f32` forces the fp32 row that the other peers are
 compared on. Strategy "bf16" keeps OpenVINO's default precision for reference.
 
+torch.nn workloads (kind "torch") and strategy "torch-compile": see `_torch_module` below.
+
 Threads: `INFERENCE_NUM_THREADS = threads`, `NUM_STREAMS = 1` and `PERFORMANCE_HINT = LATENCY`
 (one inference at a time, batch 1); OpenVINO's TBB executor pins nothing unless ENABLE_CPU_PINNING
 says so, which is left at its default. Each run is a synchronous `infer` on one InferRequest with
@@ -15,8 +17,11 @@ skipped when CI=true, so the import runs with CI=true set for its duration only.
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import shutil
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -41,8 +46,8 @@ def import_openvino() -> Any:
 
 class OpenVinoPeer(Peer):
     name = "openvino"
-    kinds = frozenset({"gemm", "conv", "network"})
-    strategies = ("default", "bf16")
+    kinds = frozenset({"gemm", "conv", "network", "torch"})
+    strategies = ("default", "bf16", "torch-compile")
     requirement = "openvino"
 
     def available(self) -> tuple[bool, str]:
@@ -58,6 +63,8 @@ class OpenVinoPeer(Peer):
     def prepare(self, workload: Workload, threads: int, strategy: str = "default") -> Runner:
         strategy = self.check(workload, threads, strategy)
         ov = import_openvino()
+        if strategy == "torch-compile" or workload.build_torch is not None:
+            return _torch_module(ov, workload, threads, strategy)
         core = ov.Core()
         path = save_model(workload.build_model(), workload.name)
         try:
@@ -79,3 +86,68 @@ class OpenVinoPeer(Peer):
 
         run.keepalive = (core, compiled)  # type: ignore[attr-defined]
         return run
+
+
+def _torch_module(ov: Any, workload: Workload, threads: int, strategy: str) -> Runner:
+    """Strategy "torch-compile": OpenVINO's torch.compile backend (`backend="openvino"`, registered by the openvino
+    wheel) on the torch module (a torch workload's own nn.Module, or the ONNX model translated to aten ops),
+    compiled at the first call, which is made here (so compile_s includes it). Other strategies on a torch
+    workload: the nn.Module read by OpenVINO's PyTorch frontend (`openvino.convert_model`)."""
+    import torch
+
+    from kiln.bench.peers.torch import module_and_inputs, outputs_to_numpy, set_threads
+
+    config = {"INFERENCE_NUM_THREADS": threads, "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"}
+    if strategy != "bf16":
+        config["INFERENCE_PRECISION_HINT"] = "f32"
+    set_threads(threads)  # ATen's pool, for what the torch.compile backend leaves to eager PyTorch
+    module, xs = module_and_inputs(workload)
+    if strategy == "torch-compile":
+        # aot_autograd: the backend's own make_fx trace (the default) fails under torch 2.13's dynamo ("sources
+        # must not be empty for symbol"); through AOTAutograd it gets a traced graph with parameters as constants
+        compiled = torch.compile(module, backend="openvino", options={
+            "device": "CPU", "aot_autograd": True, "config": {k: str(v) for k, v in config.items()}})
+        with torch.no_grad(), _openvino_failures() as failures:
+            compiled(*xs)
+        if failures:  # the backend swallows its errors and compiles with inductor instead: not OpenVINO's number
+            raise RuntimeError(f"openvino's torch.compile backend failed (it fell back to inductor): {failures[0]}")
+
+        def run_compiled() -> list[np.ndarray]:
+            with torch.no_grad():
+                return outputs_to_numpy(compiled(*xs))
+
+        return run_compiled
+    core = ov.Core()
+    with torch.no_grad():
+        model = core.compile_model(ov.convert_model(module, example_input=tuple(xs)), "CPU", config)
+    req = model.create_infer_request()
+    feeds = {i: x.numpy() for i, x in enumerate(xs)}
+    outs = model.outputs
+
+    def run() -> list[np.ndarray]:
+        res = req.infer(feeds, share_inputs=True)
+        return [res[o] for o in outs]
+
+    run.keepalive = (core, model)  # type: ignore[attr-defined]
+    return run
+
+
+@contextlib.contextmanager
+def _openvino_failures() -> Iterator[list[str]]:
+    """The failures OpenVINO's torch.compile backend logs (at debug level) before falling back to inductor."""
+    failures: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("Failed in OpenVINO"):
+                failures.append(record.getMessage())
+
+    log = logging.getLogger("openvino.frontend.pytorch.torchdynamo.backend")
+    handler, level = Collect(logging.DEBUG), log.level
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG)
+    try:
+        yield failures
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)

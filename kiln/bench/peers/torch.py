@@ -1,4 +1,5 @@
-"""PyTorch eager peer: the ONNX model translated to an fx.GraphModule of aten ops and run eagerly.
+"""PyTorch eager peer: the ONNX model translated to an fx.GraphModule of aten ops and run eagerly (a torch
+workload's own nn.Module as it is).
 
 Translation (`_torch_ops.to_torch_module`) runs the shared ONNX interpreter once under `make_fx`, so
 what runs is a straight list of aten calls with shapes resolved and weights as constant buffers: the
@@ -32,11 +33,15 @@ def set_threads(threads: int) -> None:
 
 
 def module_and_inputs(workload: Workload) -> tuple[Any, list[Any]]:
-    """The translated GraphModule and the feeds as tensors in model input order."""
+    """The module and the feeds as tensors in input order: a torch workload's own nn.Module, or the ONNX model
+    translated into a GraphModule of aten ops."""
     import torch
 
     from kiln.bench.peers._torch_ops import to_torch_module
 
+    if workload.build_torch is not None:
+        module, _ = workload.build_torch()
+        return module.eval(), [torch.from_numpy(np.ascontiguousarray(a)) for a in workload.inputs.values()]
     gm, names = to_torch_module(workload.build_model(), workload.inputs)
     return gm, [torch.from_numpy(np.ascontiguousarray(workload.inputs[n])) for n in names]
 
@@ -47,7 +52,7 @@ def outputs_to_numpy(outs: Any) -> list[np.ndarray]:
 
 class TorchPeer(Peer):
     name = "torch"
-    kinds = frozenset({"gemm", "conv", "network"})
+    kinds = frozenset({"gemm", "conv", "network", "torch"})
     requirement = "torch==2.13.0"
 
     def available(self) -> tuple[bool, str]:
