@@ -217,6 +217,8 @@ def _cache_hash(cls: type) -> None:
             object.__setattr__(self, "_hash", h)
         return h
     cls.__hash__ = __hash__
+    # the memo is a str hash, salted per process: a pickled expression (sent to a tuning worker) drops it
+    cls.__getstate__ = lambda self: {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
 
 for _cls in (Const, Var, Load, Bin, Un, Select, Cast, LocalRef, Reduce, Addr):
