@@ -3,7 +3,9 @@
 Strategies: "direct" is the compiler's default (vector code emitted directly); "ukernel" and
 "library:<name>" are passed on as `strategy=` (kiln/strategy.py).
 "ablate:-OPT" compiles the default with one option of `kiln.PASS_OPTIONS` switched off
-(`kiln.compile(model, OPT=False)`).
+(`kiln.compile(model, OPT=False)`). "tuned" (`kiln bench --tuned`) is the default strategy with the tuned
+schedules of the tuning database (`kiln tune`, `kiln.compile(tuning="auto")`); every other Kiln column compiles
+with `tuning="off"`, so "direct" is always the untuned default and "tuned ÷ direct" what tuning contributes.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import numpy as np
 from .workload import Workload
 
 ABLATE_PREFIX = "ablate:-"
+TUNED = "tuned"
 # What the compiler will offer; listed here so reports can say plainly which have no records yet.
 PLANNED_STRATEGIES: tuple[str, ...] = ("direct", "ukernel", "library")
 
@@ -50,6 +53,8 @@ def compile_kwargs(strategy: str, threads: int) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"num_threads": threads}
     if strategy.startswith(ABLATE_PREFIX):
         kwargs[strategy[len(ABLATE_PREFIX):]] = False
+    elif strategy == TUNED:
+        kwargs["tuning"] = "auto"
     elif strategy not in ("direct", "default"):
         kwargs["strategy"] = strategy
     return kwargs
@@ -97,6 +102,8 @@ class KilnSystem:
         kwargs = compile_kwargs(strategy, threads)
         if _accepts(kiln.compile, "cache"):
             kwargs["cache"] = False  # compile time means compiling, not loading a cached result
+        if _accepts(kiln.compile, "tuning"):
+            kwargs.setdefault("tuning", "off")  # only the "tuned" column applies the tuning database
         exe = kiln.compile(workload.build_model(), **kwargs)
         self._exes = [exe]  # keep it alive as long as the callable may run
         feeds = workload.inputs

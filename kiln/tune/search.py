@@ -67,6 +67,7 @@ class WorkloadResult:
     statuses: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     note: str = ""
+    phases: dict[str, float] = field(default_factory=dict)   # seconds spent proposing, building, measuring
 
     @property
     def speedup(self) -> float:
@@ -99,8 +100,20 @@ class WorkloadSearch:
         self.result.statuses[status] = self.result.statuses.get(status, 0) + 1
         self.result.trials += 1
 
+    def _lap(self, phase: str, t0: float) -> float:
+        now = time.perf_counter()
+        self.result.phases[phase] = self.result.phases.get(phase, 0.0) + now - t0
+        return now
+
     def measure(self, built: Built, is_default: bool = False) -> float | None:
         """Time one built candidate; record it (whatever happens); its median seconds if ok and correct."""
+        t0 = time.perf_counter()
+        try:
+            return self._measure(built, is_default)
+        finally:
+            self._lap("measure", t0)
+
+    def _measure(self, built: Built, is_default: bool) -> float | None:
         key = config_key(built.config)
         self.tried.add(key)
         if built.status != "ok":
@@ -126,7 +139,10 @@ class WorkloadSearch:
 
     def build(self, configs: list[dict]) -> list[Built]:
         c = self.ctx
-        return c.pool.build(self.w.sig, self.w.kernel, c.target, c.threads, c.options, configs)
+        t0 = time.perf_counter()
+        out = c.pool.build(self.w.sig, self.w.kernel, c.target, c.threads, c.options, configs)
+        self._lap("build", t0)
+        return out
 
     # -- the search ------------------------------------------------------------------------------------------------
     def run(self, budget_s: float) -> WorkloadResult:
@@ -145,13 +161,18 @@ class WorkloadSearch:
                 res.note = "nothing to tune (one point)"
                 return res
             seeds = self._seeds()
-            while time.perf_counter() < deadline:
+            # leave time for the verification: (VERIFY_TOP + 1) × VERIFY_ROUNDS more measurements
+            per_measure = self.result.phases.get("measure", 0.0) / max(1, self.result.trials)
+            stop = deadline - (VERIFY_TOP + 1) * VERIFY_ROUNDS * per_measure
+            while time.perf_counter() < stop:
+                t1 = time.perf_counter()
                 batch = self.propose(seeds)
+                self._lap("propose", t1)
                 seeds = []
                 if not batch:
                     break
                 for built in self.build([cand.config for cand in batch]):
-                    if time.perf_counter() >= deadline:
+                    if time.perf_counter() >= stop:
                         break
                     self.measure(built)
                     self._notify()
@@ -239,12 +260,14 @@ class WorkloadSearch:
         times: dict[str, list[float]] = {default_key: [res.default_s]}
         for k in top:
             times[k] = [self.measured[k][1]]
+        t0 = time.perf_counter()
         if verify and top and default_key in self.built:
             for _ in range(VERIFY_ROUNDS):
                 for k in [default_key] + top:
                     r = c.measurer.measure(self.built[k], c.target, c.threads, want_outputs=False)
                     if r.status == "ok":
                         times[k].append(r.seconds)
+        self._lap("verify", t0)
         med = {k: float(np.median(v)) for k, v in times.items()}
         default_s = med[default_key]
         margin = NOISE if verify else 1.05  # without a verification run, demand a clearer win
