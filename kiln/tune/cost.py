@@ -295,8 +295,6 @@ class LearnedModel:
 
     def fit(self, groups: Sequence[tuple[Sequence[Sequence[float]], Sequence[float]]]) -> bool:
         """groups: per workload, (feature vectors, measured seconds). Returns whether a model was trained."""
-        import xgboost as xgb
-
         xs, ys, sizes = [], [], []
         for feats, secs in groups:
             if len(feats) < 2:
@@ -310,6 +308,7 @@ class LearnedModel:
         if self.rows < self.MIN_ROWS:
             self.booster = None
             return False
+        import xgboost as xgb  # (imported only now: ≈ 3 s)
         d = xgb.DMatrix(np.asarray(xs, dtype=np.float32), label=np.asarray(ys, dtype=np.float32))
         d.set_group(sizes)
         params = {"objective": "rank:pairwise", "eta": 0.2, "max_depth": 5, "min_child_weight": 1,

@@ -85,6 +85,7 @@ class WorkloadSearch:
         self.result = WorkloadResult(w.sig, w.klass)
         self.rows: list[tuple[list[float], float]] = []        # this workload's (features, seconds)
         self.model = LearnedModel(ctx.rng.randrange(1 << 30))
+        self.durations: list[float] = []                       # wall seconds of each measurement
 
     # -- measuring -------------------------------------------------------------------------------------------------
     def _record(self, built: Built, status: str, seconds: float | None = None, samples: list | None = None,
@@ -120,6 +121,8 @@ class WorkloadSearch:
             self._record(built, built.status, is_default=is_default)
             return None
         r = self.ctx.measurer.measure(built, self.ctx.target, self.ctx.threads)
+        if r.wall:
+            self.durations.append(r.wall)
         if r.status != "ok":
             self._record(built, r.status, detail=r.detail, is_default=is_default)
             return None
@@ -162,8 +165,8 @@ class WorkloadSearch:
                 return res
             seeds = self._seeds()
             # leave time for the verification: (VERIFY_TOP + 1) × VERIFY_ROUNDS more measurements
-            per_measure = self.result.phases.get("measure", 0.0) / max(1, self.result.trials)
-            stop = deadline - (VERIFY_TOP + 1) * VERIFY_ROUNDS * per_measure
+            per_measure = min(self.durations, default=0.0)
+            stop = deadline - min(0.3 * budget_s, (VERIFY_TOP + 1) * VERIFY_ROUNDS * per_measure)
             while time.perf_counter() < stop:
                 t1 = time.perf_counter()
                 batch = self.propose(seeds)

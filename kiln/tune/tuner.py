@@ -44,6 +44,8 @@ class TuneReport:
     seconds: float = 0.0
     interrupted: bool = False
     workers: str = ""
+    flops: dict[str, float] = field(default_factory=dict, repr=False)   # per signature
+    counts: dict[str, int] = field(default_factory=dict, repr=False)    # kernels of the model per signature
 
     def table(self) -> str:
         lines = ["| kernel class | sig | × | default ms | tuned ms | speedup | GFLOP/s default → tuned | trials | s |",
@@ -53,15 +55,13 @@ class TuneReport:
                 lines.append(f"| {r.klass} | {r.sig[:8]} | | failed | | | | {r.trials} | {r.seconds:.0f} |")
                 continue
             best = r.best_s or r.default_s
-            flops = self._flops.get(r.sig, 0.0)
-            lines.append(f"| {r.klass} | {r.sig[:8]} | {self._counts.get(r.sig, 1)} | {r.default_s * 1e3:.4g} | "
+            flops = self.flops.get(r.sig, 0.0)
+            lines.append(f"| {r.klass} | {r.sig[:8]} | {self.counts.get(r.sig, 1)} | {r.default_s * 1e3:.4g} | "
                          f"{best * 1e3:.4g} | {r.default_s / best:.2f} | {flops / r.default_s / 1e9:.0f} → "
                          f"{flops / best / 1e9:.0f} | "
                          f"{r.trials} | {r.seconds:.0f} |")
         return "\n".join(lines)
 
-    _flops: dict[str, float] = field(default_factory=dict, repr=False)
-    _counts: dict[str, int] = field(default_factory=dict, repr=False)
 
 
 def kernels_of(model: onnx.ModelProto | str | bytes, target: Target, threads: int, options: dict[str, bool],
@@ -116,7 +116,7 @@ def tune(model: onnx.ModelProto | str | bytes | os.PathLike, budget_s: float = 9
     database.add_target(tkey, target_description(tgt, threads))
     work: list[Workload] = []
     for w in workloads_of(kernels):
-        report._flops[w.sig], report._counts[w.sig] = w.flops, w.count
+        report.flops[w.sig], report.counts[w.sig] = w.flops, w.count
         if not tunable(w.kernel):
             report.skipped.append((w.sig, "non-float arguments"))
             continue
