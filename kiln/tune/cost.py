@@ -18,7 +18,7 @@ stretched by FMA latency chains too short to fill the pipes, by register spills 
 ranks candidates before any is measured. `LearnedModel` refines it: XGBoost with a pairwise ranking objective,
 trained online on the tuner's own measurements (every measured candidate of the workloads of one kernel class
 on this target, one ranking group per workload), predicting a score whose order is the predicted speed order.
-`spearman` reports how well it ranks candidates it was not trained on (benchmarks/tune_report.py)."""
+`spearman` reports how well it ranks candidates it was not trained on (kiln/tune/report.py, `kiln tune --report`)."""
 from __future__ import annotations
 
 import math

@@ -1,5 +1,4 @@
-"""How well the cost model ranks candidates it was not trained on (`kiln tune --report`,
-benchmarks/tune_report.py).
+"""How well the cost model ranks candidates it was not trained on (`kiln tune --report`).
 
 From a tuning database's measurements on one target (every correct candidate with its features), per workload
 with enough candidates:

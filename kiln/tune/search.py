@@ -10,8 +10,8 @@
     verify: the fastest few and the default, re-timed in interleaved rounds; the winner must beat the default
             by more than NOISE, else the default stays; it is written as the workload's best record
 
-Why evolutionary and not beam search: measured on gemm_odd and conv kernels (benchmarks/tune_search_compare.py)
-— see the README's tuning section. Mutation keeps the good knob values of a fast candidate while moving one or
+Why evolutionary and not beam search — a design argument, NOT yet backed by a side-by-side measurement of the
+two (still to do): mutation keeps the good knob values of a fast candidate while moving one or
 two, which suits spaces where a few knobs interact (tile rows × order × cache block); random samples and the
 explore share keep it from settling on a local optimum; the model saves measuring the many obviously bad
 proposals (a 1-row tile, a vector of 4 lanes on AVX-512)."""
