@@ -375,3 +375,32 @@ def test_cost_model_ranks_what_it_learned() -> None:
     assert m.fit([group(40) for _ in range(4)])
     f, secs = group(60)
     assert spearman(-m.score(f), secs) > 0.8
+
+
+# -- kiln bench --tuned ---------------------------------------------------------------------------------------------
+def test_bench_tuned_column_and_what_tuning_contributes() -> None:
+    """--tuned adds a kiln:tuned contestant compiled with tuning='auto' (every other Kiln column: 'off'), and the
+    report's table is tuned ÷ default per workload and their geometric mean."""
+    import argparse
+
+    from kiln.bench import cli
+    from kiln.bench.kiln_system import compile_kwargs
+    from kiln.bench.report import make_record, tuning_table
+
+    p = argparse.ArgumentParser()
+    cli.add_arguments(p)
+    got = [(c.name, c.strategy) for c in cli.contestants(p.parse_args(["--systems", "kiln", "--strategy",
+                                                                       "kiln=direct", "--tuned"]))]
+    assert got == [("kiln", "direct"), ("kiln", "tuned")]
+    assert compile_kwargs("tuned", 2) == {"num_threads": 2, "tuning": "auto"}
+    assert "tuning" not in compile_kwargs("direct", 2)  # KilnSystem.prepare then sets tuning='off'
+
+    def rec(w: str, system: str, strategy: str, ms: float) -> dict:
+        return make_record(w, system, strategy, 2, "1", median_ms=ms, ok=True)
+    recs = [rec("a", "kiln", "direct", 10.0), rec("a", "kiln", "tuned", 8.0), rec("a", "onnxruntime", "default", 9.0),
+            rec("b", "kiln", "direct", 4.0), rec("b", "kiln", "tuned", 5.0), rec("c", "kiln", "direct", 1.0)]
+    table = tuning_table(recs)
+    rows = {line.split(" | ")[0].strip("| "): line for line in table[2:]}
+    assert set(rows) == {"a", "b", "geometric mean"}  # c has no tuned column: not in the table
+    assert "| 0.800 |" in rows["a"] and "| 1.250 |" in rows["b"]
+    assert f"| {(0.8 * 1.25) ** 0.5:.3f} |" in rows["geometric mean"]
