@@ -404,3 +404,17 @@ def test_bench_tuned_column_and_what_tuning_contributes() -> None:
     assert set(rows) == {"a", "b", "geometric mean"}  # c has no tuned column: not in the table
     assert "| 0.800 |" in rows["a"] and "| 1.250 |" in rows["b"]
     assert f"| {(0.8 * 1.25) ** 0.5:.3f} |" in rows["geometric mean"]
+
+
+def test_tune_report_table() -> None:
+    """`kiln tune`'s summary: per workload default and tuned ms, speedup, GFLOP/s (— for kernels without FLOPs)."""
+    from kiln.tune.search import WorkloadResult
+    from kiln.tune.tuner import TuneReport
+    r = TuneReport("m", "host", 2, "db", results=[WorkloadResult("a" * 16, "matmul", 2e-3, 1e-3, trials=9),
+                                                   WorkloadResult("b" * 16, "elementwise", 4e-4, None, trials=1),
+                                                   WorkloadResult("c" * 16, "reduce", trials=1)],
+                   flops={"a" * 16: 2e9, "b" * 16: 0.0}, counts={"a" * 16: 3})
+    rows = r.table().splitlines()[2:]
+    assert rows[0].startswith("| matmul | aaaaaaaa | 3 | 2 | 1 | 2.00 | 1000 → 2000 | 9 |")
+    assert rows[1].startswith("| elementwise | bbbbbbbb | 1 | 0.4 | 0.4 | 1.00 | — | 1 |")
+    assert "failed" in rows[2]

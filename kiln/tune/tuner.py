@@ -56,10 +56,9 @@ class TuneReport:
                 continue
             best = r.best_s or r.default_s
             flops = self.flops.get(r.sig, 0.0)
+            gflops = f"{flops / r.default_s / 1e9:.0f} → {flops / best / 1e9:.0f}" if flops else "—"  # no FMAs
             lines.append(f"| {r.klass} | {r.sig[:8]} | {self.counts.get(r.sig, 1)} | {r.default_s * 1e3:.4g} | "
-                         f"{best * 1e3:.4g} | {r.default_s / best:.2f} | {flops / r.default_s / 1e9:.0f} → "
-                         f"{flops / best / 1e9:.0f} | "
-                         f"{r.trials} | {r.seconds:.0f} |")
+                         f"{best * 1e3:.4g} | {r.default_s / best:.2f} | {gflops} | {r.trials} | {r.seconds:.0f} |")
         return "\n".join(lines)
 
 
@@ -135,8 +134,9 @@ def tune(model: onnx.ModelProto | str | bytes | os.PathLike, budget_s: float = 9
 
     def on_measure(w: Workload, default_s: float, best_s: float) -> None:
         if bar is not None:
-            bar.set_postfix_str(f"{w.klass} ×{w.count}: {w.flops / default_s / 1e9:.0f} → "
-                                f"{w.flops / best_s / 1e9:.0f} GFLOP/s")
+            speed = (f"{w.flops / default_s / 1e9:.0f} → {w.flops / best_s / 1e9:.0f} GFLOP/s" if w.flops
+                     else f"{default_s * 1e3:.3g} → {best_s * 1e3:.3g} ms")
+            bar.set_postfix_str(f"{w.klass} ×{w.count}: {speed}")
     ctx.on_measure = on_measure
     current: WorkloadSearch | None = None
     try:
