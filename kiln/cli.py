@@ -1,4 +1,4 @@
-"""`kiln compile / run / explain / bench / zoo` — the command line."""
+"""`kiln compile / run / explain / bench / tune / zoo` — the command line."""
 from __future__ import annotations
 
 import argparse
@@ -51,6 +51,8 @@ def _options(args: argparse.Namespace) -> dict:
         opts["strategies"] = overrides
     if getattr(args, "bounds_check", False):
         opts["bounds_check"] = True
+    if getattr(args, "tuning", None):
+        opts["tuning"] = args.tuning
     return opts
 
 
@@ -164,6 +166,44 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    """`kiln tune MODEL --budget-s N`, or `kiln tune --report` (the cost model's quality on the database)."""
+    from kiln.tune.database import TuningDatabase
+
+    if args.report:
+        from kiln.target import resolve
+        from kiln.tune.report import model_quality, quality_table
+        from kiln.tune.workload import target_key
+
+        with TuningDatabase(args.db, create=False) as db:
+            keys = db.tkeys() if args.all_targets else [target_key(resolve(args.target or "host"),
+                                                                   args.threads or _default_threads())]
+            for tkey in keys:
+                print(f"target {tkey}\n{quality_table(model_quality(db, tkey))}\n")
+        return 0
+    if not args.model:
+        print("kiln tune: a MODEL is required (or --report)", file=sys.stderr)
+        return 2
+    from kiln.tune import tune
+
+    opts = {name: False for name in (args.disable or [])}
+    report = tune(_model(args.model), budget_s=args.budget_s, db=args.db, per_kernel_s=args.per_kernel_s,
+                  target=args.target or "host", num_threads=args.threads, strategy=args.strategy or "direct",
+                  ray_address=args.ray_address, workers=args.workers, progress=not args.quiet, seed=args.seed,
+                  retune=args.retune, **opts)
+    print(f"tuned {args.model} for {report.target} on {report.threads} threads in {report.seconds:.0f} s "
+          f"(compiles: {report.workers}) → {report.db}" + ("  [interrupted]" if report.interrupted else ""))
+    print(report.table())
+    for sig, why in report.skipped:
+        print(f"  skipped {sig[:8]}: {why}")
+    return 130 if report.interrupted else 0
+
+
+def _default_threads() -> int:
+    from kiln.compiler import default_threads
+    return default_threads()
+
+
 def cmd_zoo(args: argparse.Namespace) -> int:
     from kiln import zoo
 
@@ -196,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--cpu", help="CPU of a cross target, e.g. neoverse-v1, sifive-x280")
     c.add_argument("--bounds-check", action="store_true",
                    help="debug build: check every memory access; a run that goes out of bounds fails with BoundsError")
+    c.add_argument("--tuning", metavar="auto|off|DB", help="apply tuned schedules: auto (default: the cache "
+                   "directory's tuning.db), off, or a tuning database file")
     c.set_defaults(fn=cmd_compile)
 
     r = sub.add_parser("run", help="compile (or load a .kiln) and run on random or given inputs")
@@ -213,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--top", type=int, default=25, help="kernels shown by --profile")
     r.add_argument("--bounds-check", action="store_true",
                    help="debug build: check every memory access; a run that goes out of bounds fails with BoundsError")
+    r.add_argument("--tuning", metavar="auto|off|DB", help="apply tuned schedules: auto (default), off, or a "
+                   "tuning database file")
     r.set_defaults(fn=cmd_run)
 
     e = sub.add_parser("explain", help="print the IR at every stage (graph, kernels, LLVM) for one node")
@@ -221,6 +265,28 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--stage", action="append", choices=["graph", "kernel", "llvm", "asm"],
                    help="stages to print (repeatable; default: all)")
     e.set_defaults(fn=cmd_explain)
+
+    t = sub.add_parser("tune", help="search the schedules of a model's kernels on this machine (tuning database)")
+    t.add_argument("model", nargs="?", help="path to an .onnx file, or zoo:NAME")
+    t.add_argument("--budget-s", type=float, default=900.0, help="seconds for the whole model (default 900)")
+    t.add_argument("--per-kernel-s", type=float, default=120.0, help="at most this long per distinct kernel")
+    t.add_argument("--db", help="tuning database (default: tuning.db in $KILN_CACHE_DIR or ~/.cache/kiln)")
+    t.add_argument("--ray-address", help="join this Ray cluster (HOST:PORT) to compile candidates; default: a "
+                   "local Ray instance on 127.0.0.1")
+    t.add_argument("--workers", choices=["ray", "local"], default="ray",
+                   help="where candidates compile: Ray (default) or this process")
+    t.add_argument("--target", help="host (default) or a narrower x86 width of it (avx2, sse): tuned separately")
+    t.add_argument("--threads", type=int, default=None, help="threads (default: all cores)")
+    t.add_argument("--strategy", choices=["direct", "ukernel"], help="the model's strategy (direct searches the "
+                   "microkernel too)")
+    t.add_argument("--disable", action="append", metavar="OPTION", help="compile option off (as kiln compile)")
+    t.add_argument("--retune", action="store_true", help="search kernels that already have a record again")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.add_argument("--report", action="store_true",
+                   help="no tuning: the cost model's rank correlation on held-out candidates, per kernel class")
+    t.add_argument("--all-targets", action="store_true", help="--report for every target in the database")
+    t.set_defaults(fn=cmd_tune)
 
     z = sub.add_parser("zoo", help="list the built-in models")
     z.set_defaults(fn=cmd_zoo)

@@ -13,6 +13,7 @@ from typing import Any
 
 import onnx
 
+from kiln.cachedir import cache_dir
 from kiln.errors import TargetError
 from kiln.frontend.torch.importer import AtenProgram
 from kiln.graph.ir import Graph
@@ -38,6 +39,7 @@ class Compiled:
     obj: bytes = b""
     kernel_functions: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    tuned: dict[str, dict] = field(default_factory=dict)   # kernel name → the tuning record it runs (apply_tuning)
 
 
 def default_threads() -> int:
@@ -54,7 +56,9 @@ def check_options(options: dict[str, Any]) -> dict[str, bool]:
 def lower(model: onnx.ModelProto | str | bytes | AtenProgram, target: Target, num_threads: int,
           options: dict[str, bool], input_shapes: dict[str, Sequence[int]] | None = None, trace: Trace | None = None,
           stop_after: str = "object", strategy: str = "direct",
-          strategies: dict[str, str] | None = None, bounds_check: bool = False) -> Compiled:
+          strategies: dict[str, str] | None = None, bounds_check: bool = False, tuning: Any = None) -> Compiled:
+    """`tuning`: an open kiln.tune.database.TuningDatabase whose best records for this target are applied
+    (step 3b), or None for the default schedules."""
     from kiln.frontend.onnx import import_onnx
     from kiln.frontend.torch import import_aten
     from kiln.strategy import assign_strategies
@@ -70,12 +74,12 @@ def lower(model: onnx.ModelProto | str | bytes | AtenProgram, target: Target, nu
         graph = choose_strategies(graph, target, num_threads, options)
     if trace:
         trace("import", graph)
-    return lower_graph(graph, target, num_threads, options, trace, stop_after, bounds_check, t0)
+    return lower_graph(graph, target, num_threads, options, trace, stop_after, bounds_check, t0, tuning)
 
 
 def lower_graph(graph: Graph, target: Target, num_threads: int, options: dict[str, bool],
                 trace: Trace | None = None, stop_after: str = "object", bounds_check: bool = False,
-                t0: float | None = None) -> Compiled:
+                t0: float | None = None, tuning: Any = None) -> Compiled:
     """Steps 2–8 of `lower` on a graph that is already imported (and has its strategies assigned)."""
     from kiln.codegen.jit import emit_object, optimize
     from kiln.codegen.module import build_module_text
@@ -83,6 +87,7 @@ def lower_graph(graph: Graph, target: Target, num_threads: int, options: dict[st
     from kiln.kernel.build import build_program
     from kiln.runtime.memory import plan_memory
     from kiln.schedule.default import schedule_kernel
+    from kiln.tune.apply import apply_tuning
 
     t = t0 if t0 is not None else time.perf_counter()
     times: dict[str, float] = {}
@@ -98,8 +103,10 @@ def lower_graph(graph: Graph, target: Target, num_threads: int, options: dict[st
     lap("graph")
     out = Compiled(graph, timings=times)
     prog = build_program(graph, options)                                     # 3. lower + fuse → kernels
-    for k, names in zip(prog.kernels, prog.bindings):                        # 4. schedule each kernel
-        schedule_kernel(k, target, num_threads, options)
+    applied = apply_tuning(prog, tuning, target, num_threads, options)       # 3b. tuned schedules (database)
+    out.tuned = applied.tuned
+    for i, (k, names) in enumerate(zip(prog.kernels, prog.bindings)):        # 4. schedule each kernel
+        schedule_kernel(k, target, num_threads, options, applied.configs.get(i))
         for b in k.scratch[len(names) - len(k.args):]:                       #    scratch the schedule added
             names.append(f"{k.name}.{b.name}")
             prog.buffers[names[-1]] = b
@@ -121,18 +128,12 @@ def lower_graph(graph: Graph, target: Target, num_threads: int, options: dict[st
     return out
 
 
-def cache_dir() -> str:
-    d = os.environ.get("KILN_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "kiln")
-    os.makedirs(d, exist_ok=True)
-    return d
-
-
 @functools.cache
 def compiler_fingerprint() -> str:
     """A hash of the compiler's own source: a changed Kiln never serves code an older Kiln compiled."""
     root = os.path.dirname(os.path.abspath(__file__))
     h = hashlib.sha256()
-    for sub in ("frontend", "graph", "kernel", "schedule", "codegen", "runtime", "ukernels", "library", ""):
+    for sub in ("frontend", "graph", "kernel", "schedule", "codegen", "runtime", "ukernels", "library", "tune", ""):
         d = os.path.join(root, sub)
         for dirpath, _, files in sorted(os.walk(d)) if sub else [(root, None, sorted(os.listdir(root)))]:
             for f in sorted(files):
@@ -144,27 +145,29 @@ def compiler_fingerprint() -> str:
 
 def _cache_key(model_bytes: bytes, target: Target, num_threads: int, options: dict[str, bool],
                input_shapes: dict | None, strategy: str = "direct", strategies: dict[str, str] | None = None,
-               bounds_check: bool = False) -> str:
+               bounds_check: bool = False, tuning: str = "") -> str:
     h = hashlib.sha256(model_bytes)
     h.update(json.dumps([__version__, compiler_fingerprint(), target.key, num_threads, sorted(options.items()),
                          sorted((k, list(v)) for k, v in (input_shapes or {}).items()), strategy,
-                         sorted((strategies or {}).items()), bool(bounds_check)]).encode())
+                         sorted((strategies or {}).items()), bool(bounds_check), tuning]).encode())
     return h.hexdigest()[:32]
 
 
 def compile(model: onnx.ModelProto | str | bytes | os.PathLike | AtenProgram, target: str | Target = "host",
             num_threads: int | None = None, input_shapes: dict[str, Sequence[int]] | None = None,
             cache: bool = True, strategy: str = "direct", strategies: dict[str, str] | None = None,
-            bounds_check: bool = False, **options: bool):
+            bounds_check: bool = False, tuning: str | os.PathLike = "auto", **options: bool):
     """Compile an ONNX model (proto, path or bytes) — or a Core ATen program from the torch frontend
     (kiln.frontend.torch.AtenProgram; `kiln.from_torch` and the "kiln" torch.compile backend make them) — into an
     Executable for `target`.
 
     `strategy` says how anchor ops (MatMul, Conv) are built — "direct" | "ukernel" | "library[:name]" | "auto"
     (kiln/strategy.py); `strategies` overrides it per node name or op type. `bounds_check=True` is the debug
-    build: every access is checked and a run that went out of bounds raises kiln.errors.BoundsError."""
+    build: every access is checked and a run that went out of bounds raises kiln.errors.BoundsError.
+    `tuning`: "auto" applies the best records of the tuning database ($KILN_CACHE_DIR/tuning.db, written by
+    `kiln tune`) measured on this target; "off" the default schedules; or the path of another database.
+    `exe.meta["tuned"]` names the kernels that run tuned schedules."""
     from kiln.frontend.onnx import load_model
-    from kiln.runtime.executable import Executable
     from kiln.strategy import check_strategy
 
     opts = check_options(options)
@@ -190,9 +193,40 @@ def compile(model: onnx.ModelProto | str | bytes | os.PathLike | AtenProgram, ta
     else:
         proto = load_model(model)
         identity = proto.SerializeToString(deterministic=True)
+    db = _tuning_db(tuning)
+    try:
+        return _compile(proto, identity, tgt, threads, opts, input_shapes, cache, strategy, strategies,
+                        bounds_check, db)
+    finally:
+        if db is not None:
+            db.close()
+
+
+def _tuning_db(tuning: str | os.PathLike):  # noqa: ANN202 - kiln.tune.database.TuningDatabase | None
+    """The database `tuning=` names: None for "off" or a default database that does not exist yet."""
+    from kiln.tune.database import TuningDatabase, open_for_compile
+
+    if not isinstance(tuning, (str, os.PathLike)):
+        raise TypeError(f"tuning must be 'auto', 'off' or a database path, not {type(tuning).__name__}")
+    if tuning == "off":
+        return None
+    if tuning == "auto":
+        return open_for_compile(None)
+    return TuningDatabase(tuning, create=False)
+
+
+def _compile(proto: onnx.ModelProto | AtenProgram, identity: bytes, tgt: Target, threads: int,
+             opts: dict[str, bool], input_shapes: dict | None, cache: bool, strategy: str, strategies: dict[str, str] | None, bounds_check: bool, db: Any):
+    from kiln.runtime.executable import Executable
+
     path = None
     if cache:
-        key = _cache_key(identity, tgt, threads, opts, input_shapes, strategy, strategies, bounds_check)
+        tuned = ""
+        if db is not None:
+            from kiln.tune.workload import target_key
+            tuned = db.fingerprint(target_key(tgt, threads))
+        key = _cache_key(identity, tgt, threads, opts, input_shapes, strategy,
+                         strategies, bounds_check, tuned)
         path = os.path.join(cache_dir(), key + ".kiln")
         if os.path.exists(path):
             try:
@@ -202,7 +236,7 @@ def compile(model: onnx.ModelProto | str | bytes | os.PathLike | AtenProgram, ta
             except ValueError:
                 pass  # stale or foreign cache entry: recompile and overwrite
     c = lower(proto, tgt, threads, opts, input_shapes, strategy=strategy, strategies=strategies,
-              bounds_check=bounds_check)
+              bounds_check=bounds_check, tuning=db)
     exe = executable_of(c, tgt, threads, bounds_check)
     if path:
         tmp = f"{path}.{os.getpid()}.tmp"
@@ -226,5 +260,6 @@ def executable_of(c: Compiled, tgt: Target, threads: int, bounds_check: bool = F
         "strategies": {node: how for k in c.program.kernels for node, how in k.strategies.items()},
         "bounds_check": bool(bounds_check),
         "bounds_buffers": buffer_names(c.program) if bounds_check else [],
+        "tuned": c.tuned,
     }
     return Executable(c.obj, c.plan.weights, meta, tgt)

@@ -30,6 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--md", metavar="F", help="write the Markdown tables to a file too")
     p.add_argument("--ablate", action="store_true",
                    help="also measure Kiln with each of kiln.PASS_OPTIONS switched off in turn")
+    p.add_argument("--tuned", action="store_true",
+                   help="also measure Kiln with the tuned schedules of the tuning database (`kiln tune`; the "
+                   "database is $KILN_CACHE_DIR/tuning.db): column kiln:tuned, beside the untuned default")
     p.add_argument("--strategy", action="append", default=[], metavar="SPEC",
                    help="'all' (every strategy of every system) or 'system=s1,s2' or 'system=all'; "
                    "repeatable. Default: every Kiln strategy, the first of each peer")
@@ -91,6 +94,12 @@ def contestants(args: argparse.Namespace) -> list[Any]:
                   file=sys.stderr)
         else:
             out += [Contestant(KilnSystem(), ablation_strategy(o)) for o in opts]
+    if getattr(args, "tuned", False):
+        from .kiln_system import TUNED
+        if not any(c.name == "kiln" for c in out):
+            print("--tuned: kiln is not among the systems", file=sys.stderr)
+        else:
+            out.append(Contestant(KilnSystem(), TUNED))
     return out
 
 

@@ -3,7 +3,9 @@
 Strategies: "direct" is the compiler's default (vector code emitted directly); "ukernel" and
 "library:<name>" are passed on as `strategy=` (kiln/strategy.py).
 "ablate:-OPT" compiles the default with one option of `kiln.PASS_OPTIONS` switched off
-(`kiln.compile(model, OPT=False)`).
+(`kiln.compile(model, OPT=False)`). "tuned" (`kiln bench --tuned`) is the default strategy with the tuned
+schedules of the tuning database (`kiln tune`, `kiln.compile(tuning="auto")`); every other Kiln column compiles
+with `tuning="off"`, so "direct" is always the untuned default and "tuned ÷ direct" what tuning contributes.
 "torch-compile" is Kiln as a torch.compile backend (`torch.compile(module, backend="kiln")`, kiln/torch) on the
 torch module — a torch workload's own nn.Module, or the ONNX model translated to aten ops — compiled at the first
 call, which prepare() makes (so compile_s is the first-call compile time, as for inductor). Asked for explicitly
@@ -22,6 +24,7 @@ from .workload import Workload
 
 ABLATE_PREFIX = "ablate:-"
 TORCH_COMPILE = "torch-compile"
+TUNED = "tuned"
 # What the compiler will offer; listed here so reports can say plainly which have no records yet.
 PLANNED_STRATEGIES: tuple[str, ...] = ("direct", "ukernel", "library")
 
@@ -56,6 +59,8 @@ def compile_kwargs(strategy: str, threads: int) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"num_threads": threads}
     if strategy.startswith(ABLATE_PREFIX):
         kwargs[strategy[len(ABLATE_PREFIX):]] = False
+    elif strategy == TUNED:
+        kwargs["tuning"] = "auto"
     elif strategy not in ("direct", "default"):
         kwargs["strategy"] = strategy
     return kwargs
@@ -105,6 +110,8 @@ class KilnSystem:
         kwargs = compile_kwargs(strategy, threads)
         if _accepts(kiln.compile, "cache"):
             kwargs["cache"] = False  # compile time means compiling, not loading a cached result
+        if _accepts(kiln.compile, "tuning"):
+            kwargs.setdefault("tuning", "off")  # only the "tuned" column applies the tuning database
         if workload.build_torch is not None:
             module, xs = workload.build_torch()
             exe = kiln.from_torch(module.eval(), xs, **kwargs)

@@ -212,6 +212,26 @@ def strategy_table(records: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def tuning_table(records: list[dict[str, Any]]) -> list[str]:
+    """`kiln bench --tuned`: what tuning contributes — the untuned default (direct) against the tuned build, per
+    workload and as a geometric mean."""
+    rows, ratios = [], []
+    for workload, recs in by_workload(records).items():
+        ms = {s: next((r["median_ms"] for r in recs if r["system"] == "kiln" and r.get("strategy") == s
+                       and r["ok"] and r["median_ms"]), None) for s in ("direct", "tuned")}
+        if ms["tuned"] is None or ms["direct"] is None:
+            continue
+        ratios.append(ms["tuned"] / ms["direct"])
+        ort = baseline_ms(recs, "onnxruntime")
+        rows.append(f"| {workload} | {ms['direct']:.4g} | {ms['tuned']:.4g} | {ratios[-1]:.3f} | "
+                    f"{_ratio(ms['tuned'], ort)} |")
+    if not rows:
+        return []
+    geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+    return ["| workload | default ms | tuned ms | tuned ÷ default | tuned ÷ onnxruntime |", "|---|---:|---:|---:|---:|",
+            *rows, f"| geometric mean | | | {geo:.3f} | |"]
+
+
 def to_markdown(report: RunReport) -> str:
     lines = _header(report.info)
     if report.records:   # none after `--isa-only`
@@ -219,6 +239,9 @@ def to_markdown(report: RunReport) -> str:
     strat = strategy_table(report.records)
     if strat:
         lines += ["", "## Kiln's strategies: direct emission vs microkernels vs libraries", "", *strat]
+    tuned = tuning_table(report.records)
+    if tuned:
+        lines += ["", "## What tuning contributes (kiln tune; default = the untuned direct build)", "", *tuned]
     for workload, recs in by_workload(report.records).items():
         kind = recs[0].get("kind", "")
         flops = recs[0].get("flops")

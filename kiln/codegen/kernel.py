@@ -310,11 +310,14 @@ class KernelEmitter:
         total = em0.ev(s.extent)[0]
         nthreads = b.load(self.m.globals[NTHREADS_GLOBAL], typ=I32)
         nt = b.sext(nthreads, I64)
-        per = b.mul(nt, ir.Constant(I64, CHUNKS_PER_THREAD))
-        by_work = ir.Constant(I64, int(self.k.flops // CHUNK_FLOPS))
-        per = b.select(b.icmp_signed(">", by_work, per), by_work, per)
-        most = b.mul(nt, ir.Constant(I64, MAX_CHUNKS_PER_THREAD))
-        per = b.select(b.icmp_signed(">", per, most), most, per)
+        if s.chunks:  # a tuned parallel split (schedule/default.py: split_parallel)
+            per = b.mul(nt, ir.Constant(I64, s.chunks))
+        else:
+            per = b.mul(nt, ir.Constant(I64, CHUNKS_PER_THREAD))
+            by_work = ir.Constant(I64, int(self.k.flops // CHUNK_FLOPS))
+            per = b.select(b.icmp_signed(">", by_work, per), by_work, per)
+            most = b.mul(nt, ir.Constant(I64, MAX_CHUNKS_PER_THREAD))
+            per = b.select(b.icmp_signed(">", per, most), most, per)
         # a multiple of the thread count: 9 equal chunks on 2 threads leave one idle for a ninth of the loop
         # (conv_r50_3x3: 9 chunks 1.168 ms, 8 chunks 1.083)
         per = b.mul(b.sdiv(b.add(per, b.sub(nt, ir.Constant(I64, 1))), nt), nt)

@@ -217,6 +217,8 @@ def _cache_hash(cls: type) -> None:
             object.__setattr__(self, "_hash", h)
         return h
     cls.__hash__ = __hash__
+    # the memo is a str hash, salted per process: a pickled expression (sent to a tuning worker) drops it
+    cls.__getstate__ = lambda self: {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
 
 for _cls in (Const, Var, Load, Bin, Un, Select, Cast, LocalRef, Reduce, Addr):
@@ -351,13 +353,15 @@ class Loop:
     """for var in [0, extent): body. kind: serial | parallel | vector | unroll.
 
     `vector` loops are emitted as `lanes`-wide vectors with a scalar remainder, or, when `masked`, with
-    one masked vector iteration for the remainder (AVX-512 k-masks; no scalar code)."""
+    one masked vector iteration for the remainder (AVX-512 k-masks; no scalar code). A `parallel` loop's
+    `chunks` is how many chunks per thread the pool hands out (0: codegen's rule by the kernel's work)."""
     var: Var
     extent: Expr
     body: list[Stmt]
     kind: str = "serial"
     lanes: int = 1
     masked: bool = False
+    chunks: int = 0
 
 
 @dataclass
@@ -423,6 +427,7 @@ class Kernel:
     extern_ir: dict[str, str] = field(default_factory=dict)  # microkernel name → its LLVM IR definition
     symbols: list[str] = field(default_factory=list)         # library symbols resolved at load (kiln/library)
     strategies: dict[str, str] = field(default_factory=dict)  # anchor node → how it was actually built
+    decisions: Any = None  # the schedule's knob values and domains (schedule/config.py: Decisions)
 
     def buffer(self, name: str) -> Buffer:
         for b in itertools.chain(self.args, self.scratch):
@@ -447,7 +452,7 @@ def format_stmts(stmts: list[Stmt], depth: int) -> list[str]:
     for s in stmts:
         if isinstance(s, Loop):
             tag = "" if s.kind == "serial" else f" {s.kind}" + (f"<{s.lanes}>" if s.kind == "vector" else "") + \
-                (" masked" if s.masked else "")
+                (" masked" if s.masked else "") + (f" chunks={s.chunks}" if s.chunks else "")
             out.append(f"{pad}for {s.var.name} in 0..{s.extent!r}{tag}:")
             out += format_stmts(s.body, depth + 1)
         elif isinstance(s, Store):

@@ -5,10 +5,13 @@ widest element type); when there is enough work, fuse the outer output axes into
 split a lone axis into parallel chunks of vectors."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from kiln.kernel.analysis import coef, flat_index, fuse_contiguous_axes
 from kiln.kernel.ir import Assign, Compute, Const, Expr, If, Kernel, Load, Loop, Reduce, Stmt, Var, walk
+from kiln.schedule.config import Config, Decisions, powers_of_two
 from kiln.schedule.guards import interior_swap
 from kiln.schedule.primitives import compute_to_loops, fuse, parallel, rename, split, vectorize
 from kiln.schedule.reorder import schedule_reorder
@@ -25,7 +28,10 @@ def _elem_bits(k: Kernel, c: Compute) -> int:
 
 
 def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
-                     options: dict[str, bool]) -> list[Stmt]:
+                     options: dict[str, bool], dec: Decisions | None = None) -> list[Stmt]:
+    """The loop nest of one compute. `dec` makes the choices that could be made otherwise (schedule/config.py):
+    without it, or with an empty configuration, every knob takes the heuristic's value."""
+    dec = dec if dec is not None else Decisions()
     if "reorder" in c.hints and options.get("vectorize", True):  # a layout change: transposes (reorder.py)
         nest = schedule_reorder(c, target, threads if options.get("parallel", True) else 1)
         if nest is not None:
@@ -37,19 +43,23 @@ def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: i
     if options.get("fuse_axes", True):
         c = fuse_contiguous_axes(c, lambda name: k.buffer(name).shape)
     strategy = str(c.hints.get("strategy", "direct"))
+    if strategy == "direct" and options.get("register_tile", True) and options.get("vectorize", True):
+        from kiln.schedule.ukernel import ukernel_applies
+        if ukernel_applies(k, c, target):  # the tuner may build a packed anchor on the microkernel instead
+            strategy = str(dec.knob("strategy", "direct", ("direct", "ukernel")))
     if strategy not in ("direct", "auto"):  # the anchor built on a microkernel or a library call
-        built = schedule_by_strategy(k, c, tag, target, threads, options, strategy)
+        built = schedule_by_strategy(k, c, tag, target, threads, options, strategy, dec)
         if built is not None:
             k.strategies.setdefault(c.hints.get("node", c.out), strategy)  # plain "library": the schedule names it
             return built
     if "strategy" in c.hints:
         k.strategies[c.hints.get("node", c.out)] = "direct"
     if options.get("register_tile", True) and options.get("vectorize", True):
-        shape = choose_tile(k, c, target)
+        shape = choose_tile(k, c, target, dec)
         if shape is not None:
             plain = (lambda pc, ptag: schedule_compute(k, pc, ptag, target, threads, options)) \
                 if options.get("pack_operands", True) else None
-            return tile_compute(k, c, shape, tag, threads if options.get("parallel", True) else 1, plain)
+            return tile_compute(k, c, shape, tag, threads if options.get("parallel", True) else 1, plain, dec)
     nest = compute_to_loops(c, tag)
     if not c.axes:
         return nest
@@ -82,6 +92,9 @@ def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: i
         elif n_inner >= 4:
             while lanes > n_inner and lanes > 4:
                 lanes //= 2
+            # wider than a register: LLVM splits the vector, i.e. the loop is unrolled by lanes / register lanes
+            lanes = int(dec.knob("lanes", lanes, powers_of_two(4, min(4 * target.lanes(_elem_bits(k, c)),
+                                                                          max(lanes, n_inner)))))
             chain[-1] = vectorize(inner, lanes)
             vec_out = True
 
@@ -92,11 +105,12 @@ def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: i
         found = interior_swap(c.body, ranges)
         if found is not None:
             cur = [If(found[1], rename(cur, found[0]), cur)]
-    if not options.get("parallel", True) or threads <= 1 or work < PARALLEL_MIN_WORK:
+    if not options.get("parallel", True) or threads <= 1 or \
+            not dec.knob("parallel", work >= PARALLEL_MIN_WORK, (False, True)):
         return rebuild(chain, cur)
     if len(chain) == 1 and vec_out:  # a single vector axis: parallel chunks of whole vectors
         n = n_inner
-        chunk = max(lanes, -(-n // (threads * 4)))
+        chunk = max(lanes, -(-n // (threads * int(dec.knob("parallel_min", 4, powers_of_two(1, 64))))))
         chunk = -(-chunk // lanes) * lanes
         if chunk >= n:
             return rebuild(chain, cur)
@@ -106,19 +120,20 @@ def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: i
     fused = rebuild(outer[:1], [])[0]
     fused.body = rebuild(outer[1:], rebuild(chain[len(outer):], cur))
     used = 1
-    while used < len(outer) and int(fused.extent.value) < threads * 8:
+    least = threads * int(dec.knob("parallel_min", 8, powers_of_two(1, 64)))
+    while used < len(outer) and int(fused.extent.value) < least:
         fused = fuse(fused)
         used += 1
     return [parallel(fused)]
 
 
 def schedule_by_strategy(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
-                         options: dict[str, bool], strategy: str) -> list[Stmt] | None:
+                         options: dict[str, bool], strategy: str, dec: Decisions | None = None) -> list[Stmt] | None:
     """The loop nest of an anchor built with a microkernel or a library, or None where that strategy does
     not apply to this compute (it is then emitted directly, and `Kernel.strategies` records that)."""
     if strategy == "ukernel":
         from kiln.schedule.ukernel import schedule_ukernel
-        return schedule_ukernel(k, c, tag, target, threads, options)
+        return schedule_ukernel(k, c, tag, target, threads, options, dec)
     from kiln.schedule.library import schedule_library
     return schedule_library(k, c, tag, target, threads, options, strategy)
 
@@ -144,8 +159,25 @@ def _contiguous(k: Kernel, e: Expr, v: Var) -> bool:
     return False
 
 
-def schedule_kernel(k: Kernel, target: Target, threads: int, options: dict[str, bool]) -> Kernel:
+def schedule_kernel(k: Kernel, target: Target, threads: int, options: dict[str, bool],
+                    config: Config | Decisions | None = None) -> Kernel:
+    """Schedule every compute of `k`. `config` (a tuned record, a search candidate: schedule/config.py) sets the
+    knobs by name, "<compute index>:<knob>"; the decisions taken are left in `k.decisions`."""
+    dec = config if isinstance(config, Decisions) else Decisions(config or {})
     k.body = []
     for i, c in enumerate(k.computes):
-        k.body += schedule_compute(k, c, str(i), target, threads, options)
+        nest = schedule_compute(k, c, str(i), target, threads, options, dec.at(i))
+        k.body += split_parallel(nest, dec, threads)
+    k.decisions = dec
     return k
+
+
+def split_parallel(nest: list[Stmt], dec: Decisions, threads: int) -> list[Stmt]:
+    """The parallel split knob: how many chunks per thread the pool hands out for each top-level parallel loop
+    (0: codegen's rule — 4 per thread, more for a long kernel, codegen/kernel.py)."""
+    if threads <= 1 or not any(isinstance(s, Loop) and s.kind == "parallel" for s in nest):
+        return nest
+    chunks = int(dec.knob("chunks", 0, [0] + powers_of_two(1, 64)))
+    if not chunks:
+        return nest
+    return [replace(s, chunks=chunks) if isinstance(s, Loop) and s.kind == "parallel" else s for s in nest]

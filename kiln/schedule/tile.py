@@ -50,6 +50,7 @@ from kiln.kernel.ir import (
     substitute,
     walk,
 )
+from kiln.schedule.config import Decisions, divisors, powers_of_two
 from kiln.schedule.guards import split_interior
 from kiln.schedule.primitives import combine
 from kiln.target import Target
@@ -77,7 +78,11 @@ def _depends(e: Expr, v: Var) -> bool:
     return any(x == v for x in walk(e))
 
 
-def choose_tile(k: Kernel, c: Compute, target: Target) -> TileShape | None:
+def choose_tile(k: Kernel, c: Compute, target: Target, dec: Decisions | None = None) -> TileShape | None:
+    """The register tile of a reduction with a shared vector operand, or None. Its rows (mr), its width in vectors
+    (unpacked operands: the packed ones have their panel width), the flattening of conv rows and the input-channel
+    block are knobs of `dec` (schedule/config.py), the heuristics below their defaults."""
+    dec = dec if dec is not None else Decisions()
     reds = [e for e in walk(c.body) if isinstance(e, Reduce)]
     if len(reds) != 1 or reds[0].op != "sum" or len(c.axes) < 2 or (c.store is not None and len(c.store) != 1):
         return None
@@ -86,9 +91,9 @@ def choose_tile(k: Kernel, c: Compute, target: Target) -> TileShape | None:
         return None
     lanes, regs = target.lanes(32), target.vector_registers
     if "nr" in c.hints:  # packed weights: the panel width is the tile width, the lowering names the axes
-        return _packed_tile(c, red, target)
+        return _packed_tile(c, red, target, dec)
     if c.hints.get("depthwise"):
-        return _depthwise_rows_tile(c, target)
+        return _depthwise_rows_tile(c, target, dec)
     n_axis = len(c.axes) - 1
     nv, n_ext = c.axes[n_axis], c.extents[n_axis]
     if n_ext < 4:
@@ -111,12 +116,21 @@ def choose_tile(k: Kernel, c: Compute, target: Target) -> TileShape | None:
         eff = n_ext / (-(-n_ext // nr) * nr)
         options.append((round(eff, 2), nvec == 2, nr, nvec))
     _, _, nr, nvec = max(options)
+    nvec = int(dec.knob("nvec", nvec, (1, 2, 3, 4)))
+    nr = nvec * lanes
     # rows: leave 2·nvec + 4 registers beside the accumulators — 13×2 tiles spilled (1×1 conv 256 → 128 on
     # 56×56: 2.33 ms at MR=13, 1.85 at MR=10; 64 → 256: 1.06 → 0.96; 512 → 256 on 28×28 equal)
-    return TileShape(best[0], n_axis, pick_mr(best[1], (regs - 2 * nvec - 4) // nvec), nr, lanes)
+    mr = pick_mr(best[1], (regs - 2 * nvec - 4) // nvec)
+    return TileShape(best[0], n_axis, int(dec.knob("mr", mr, mr_domain(best[1], regs, nvec))), nr, lanes)
 
 
-def _packed_tile(c: Compute, red: Reduce, target: Target) -> TileShape:
+def mr_domain(m: int, regs: int, nvec: int) -> range:
+    """Legal tile rows: at least one, at most the extent, 16, and what leaves one register beside the MR·nvec
+    accumulators and the nvec shared vectors (more spills on every step)."""
+    return range(1, max(1, min(m, 16, (regs - nvec - 1) // nvec)) + 1)
+
+
+def _packed_tile(c: Compute, red: Reduce, target: Target, dec: Decisions) -> TileShape:
     """The tile of a packed anchor: NR = the panel width; MR from the registers left beside the MR·nvec
     accumulators (see each case); rows that cross output-row ends where the rows are too short for MR."""
     lanes, regs = target.lanes(32), target.vector_registers
@@ -130,6 +144,10 @@ def _packed_tile(c: Compute, red: Reduce, target: Target) -> TileShape:
     shared_taps = (regs - nvec * taps - taps - 2) // (nvec + 1)
     channels_innermost = taps > 1 and shared_taps * nvec < target.fma_chains
     cb = input_channel_block(red.axes[0][1], taps, nr, target.l1_bytes) if channels_innermost else 0
+    if taps > 1:  # 0: channels outermost, the taps innermost (broadcasts shared across taps)
+        ci = red.axes[0][1]
+        cb = int(dec.knob("channel_block", cb, [0] + [d for d in divisors(ci) if d * taps * nr * 4 <= target.l2_bytes]))
+        channels_innermost = cb > 0
     if c.hints.get("depthwise"):
         # per tap: nvec weight vectors shared by the MR rows, and each row's input vectors (loads, not
         # broadcasts) — at least nvec registers beside the accumulators and the weights
@@ -150,18 +168,23 @@ def _packed_tile(c: Compute, red: Reduce, target: Target) -> TileShape:
         most = (regs - nvec - 2) // nvec
     most = max(1, most)
     mr = pick_mr(c.extents[m_axis], most)
+    rows = c.extents[m_axis]
     # an output row too short for the tile the registers allow (AVX2's 6 rows on 14-, 28- or 56-pixel rows
     # leave edge tiles, so pick_mr takes 4): let tiles run on over row ends instead (flatten_rows)
     # (not a depthwise tile: its interior tiles, which need a row's affine addresses, run without padding masks)
     spatial = tuple(a % len(c.axes) for a in c.hints.get("spatial", ()))
+    flat = False
     if spatial and m_axis == spatial[1] and c.extents[spatial[0]] > 1 and not c.hints.get("depthwise"):
-        flat_mr = pick_mr(c.extents[spatial[0]] * c.extents[spatial[1]], most)
-        if flat_mr > mr:
-            return TileShape(m_axis, n_axis, flat_mr, nr, lanes, True, cb)
-    return TileShape(m_axis, n_axis, mr, nr, lanes, False, cb)
+        flat_rows = c.extents[spatial[0]] * c.extents[spatial[1]]
+        flat_mr = pick_mr(flat_rows, most)
+        flat = bool(dec.knob("flatten_rows", flat_mr > mr, (False, True)))
+        if flat:
+            mr, rows = flat_mr, flat_rows
+    mr = int(dec.knob("mr", mr, mr_domain(rows, regs, nvec)))
+    return TileShape(m_axis, n_axis, mr, nr, lanes, flat, cb)
 
 
-def _depthwise_rows_tile(c: Compute, target: Target) -> TileShape | None:
+def _depthwise_rows_tile(c: Compute, target: Target, dec: Decisions) -> TileShape | None:
     """An NCHW depthwise conv: MR output rows × NR pixels along the row (vectors), the taps unrolled. Rows r and
     r + 1 read the same input row at taps kh and kh − 1, so the MR rows load MR + kh − 1 input rows per kw
     shift instead of MR·kh; the weights are per-channel scalars."""
@@ -170,11 +193,13 @@ def _depthwise_rows_tile(c: Compute, target: Target) -> TileShape | None:
     w = c.extents[n_axis]
     if w < lanes // 2:
         return None
-    nvec = 2 if lane_fill_of(w, 2 * lanes) > lane_fill_of(w, lanes) else 1
+    nvec = int(dec.knob("nvec", 2 if lane_fill_of(w, 2 * lanes) > lane_fill_of(w, lanes) else 1, (1, 2)))
     # half the registers beside the accumulators for the input rows in flight (conv_dw, AVX2: MR 2 / 4 / 6 / 8
     # → 0.185 / 0.128 / 0.126 / 0.204 ms)
     most = max(1, (target.vector_registers - 4) // (2 * nvec))
-    return TileShape(m_axis, n_axis, pick_mr(c.extents[m_axis], most), nvec * lanes, lanes)
+    mr = pick_mr(c.extents[m_axis], most)
+    mr = int(dec.knob("mr", mr, mr_domain(c.extents[m_axis], target.vector_registers, nvec)))
+    return TileShape(m_axis, n_axis, mr, nvec * lanes, lanes)
 
 
 def lane_fill_of(n: int, width: int) -> float:
@@ -228,25 +253,36 @@ def _rows_alias(row_bytes: int, rows: int, sets: int = 64, line: int = 64, ways:
     return max(counts.values()) > ways // 2
 
 
-def pack_rows(k: Kernel, c: Compute, red: Reduce, t: TileShape, mo: Var, mi: Var, tag: str
-              ) -> tuple[Compute, dict[Expr, Expr]] | None:
-    """Pack the broadcast operand A[m, r] into Ap[m / MR, r, m % MR] (rows past M repeat row M−1).
-
-    Without it the MR rows a tile broadcasts from sit K floats apart — with K a multiple of 1024 they all
-    map to the same L1 set and evict each other; packed, each reduction step reads MR contiguous floats."""
+def packable_rows(c: Compute, red: Reduce, t: TileShape) -> Load | None:
+    """The broadcast operand A[m, r] a tile could pack (a plain row-major load, one reduction axis of ≥ 64, at
+    least two row tiles, no other output axes), or None."""
     m_v, n_v = c.axes[t.m_axis], c.axes[t.n_axis]
     M = c.extents[t.m_axis]
     others = [e for i, e in enumerate(c.extents) if i not in (t.m_axis, t.n_axis)]
-    if len(red.axes) != 1 or M < 2 * t.mr or any(e != 1 for e in others):
-        return None
-    r, K = red.axes[0]
-    if K < 64 or not _rows_alias(K * 4, t.mr):
+    if len(red.axes) != 1 or M < 2 * t.mr or any(e != 1 for e in others) or red.axes[0][1] < 64:
         return None
     rows = [ld for ld in walk(red.body) if isinstance(ld, Load) and _depends(ld, m_v) and not _depends(ld, n_v)]
     if len(rows) != 1:
         return None
     a = rows[0]
-    if a.index[-2:] != (m_v, r) or any(i != Const(0, "int64") for i in a.index[:-2]):
+    if a.index[-2:] != (m_v, red.axes[0][0]) or any(i != Const(0, "int64") for i in a.index[:-2]):
+        return None
+    return a
+
+
+def pack_rows(k: Kernel, c: Compute, red: Reduce, t: TileShape, mo: Var, mi: Var, tag: str, dec: Decisions
+              ) -> tuple[Compute, dict[Expr, Expr]] | None:
+    """Pack the broadcast operand A[m, r] into Ap[m / MR, r, m % MR] (rows past M repeat row M−1).
+
+    Without it the MR rows a tile broadcasts from sit K floats apart — with K a multiple of 1024 they all
+    map to the same L1 set and evict each other; packed, each reduction step reads MR contiguous floats.
+    The knob `pack`; by default only where the rows alias in L1 (packing costs a copy of A)."""
+    a = packable_rows(c, red, t)
+    if a is None:
+        return None
+    M = c.extents[t.m_axis]
+    r, K = red.axes[0]
+    if not dec.knob("pack", _rows_alias(K * 4, t.mr), (False, True)):
         return None
     buf = Buffer(f"{a.buf}p{tag}", a.dtype, (-(-M // t.mr), K, t.mr))
     k.scratch.append(buf)
@@ -280,7 +316,9 @@ def flatten_rows(c: Compute) -> Compute:
 
 
 def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
-                 schedule_plain: Callable[[Compute, str], list[Stmt]] | None = None) -> list[Stmt]:
+                 schedule_plain: Callable[[Compute, str], list[Stmt]] | None = None,
+                 dec: Decisions | None = None) -> list[Stmt]:
+    dec = dec if dec is not None else Decisions()
     if t.flatten_rows:
         c = flatten_rows(c)
         t = TileShape(c.hints["m_axis"], c.hints["n_axis"], t.mr, t.nr, t.lanes, False, t.channel_block)
@@ -288,7 +326,7 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
     m_v, n_v = c.axes[t.m_axis], c.axes[t.n_axis]
     M, N = c.extents[t.m_axis], c.extents[t.n_axis]
     mo, no, mi, ni = Var(f"{m_v.name}o"), Var(f"{n_v.name}o"), Var(f"{m_v.name}i"), Var(f"{n_v.name}i")
-    packed = pack_rows(k, c, red, t, mo, mi, tag) if schedule_plain is not None else None
+    packed = pack_rows(k, c, red, t, mo, mi, tag, dec) if schedule_plain is not None else None
     pre: list[Stmt] = []
     if packed is not None:
         pack, swap = packed
@@ -310,15 +348,40 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
     # the MR rows it writes (and the residual it reads) a few sequential streams instead of M interleaved
     # ones (resnet50's Ci=64 → 256 convs on 56×56: 1.50 → 1.38 ms, mobilenetv2's 16 → 96 on 112×112: 1.3 → 0.9)
     red_size = int(np.prod([e for _, e in red.axes]))
-    order = [mo, no] if red_size <= 128 and "nr" not in c.hints else [no, mo]
+    # the knob `order`: which tile index runs fastest ("m": down the rows of one panel, "n": across panels)
+    fast = dec.knob("order", "n" if red_size <= 128 and "nr" not in c.hints else "m", ("m", "n"))
+    order = [mo, no] if fast == "n" else [no, mo]
     extents = [e for _, e in others] + ([n_no, n_mo] if order[0] is no else [n_mo, n_no])
+    # the knob `block`: tiles of the fastest index per cache block — the slower index then sweeps each block
+    # (block < extent: a block of rows stays in L2 while every panel passes, or a block of panels while every
+    # row tile does); the default is one block (no blocking)
+    n_fast = extents[-1]
+    block = int(dec.knob("block", n_fast, [b for b in powers_of_two(1, n_fast) if b < n_fast] + [n_fast]))
     total = int(np.prod(extents))
     flat = Var(f"tile{tag}")
     decode: dict[Expr, Expr] = {}
     stride = 1
-    for v, e in reversed(list(zip([v for v, _ in others] + order, extents))):
-        decode[v] = (flat // stride) % e if stride > 1 else flat % e
-        stride *= e
+    names = [v for v, _ in others] + order
+    if block < n_fast:  # (others…, fast block, slow, fast in block); the last block may be partial
+        slow_v, fast_v = names[-2], names[-1]
+        n_slow = extents[-2]
+        per_block = block * n_slow
+        stride = n_fast * n_slow
+        for v, e in reversed(list(zip(names[:-2], extents[:-2]))):
+            decode[v] = (flat // stride) % e
+            stride *= e
+        within = flat % (n_fast * n_slow)
+        fb = within // per_block
+        rest = within % per_block
+        # a partial last block holds `n_fast % block` fast tiles per slow index
+        last = n_fast % block
+        size = minimum(Const(block, "int64"), Const(n_fast, "int64") - fb * block) if last else Const(block, "int64")
+        decode[slow_v] = rest // size
+        decode[fast_v] = fb * block + rest % size
+    else:
+        for v, e in reversed(list(zip(names, extents))):
+            decode[v] = (flat // stride) % e if stride > 1 else flat % e
+            stride *= e
     m_expr = mo * t.mr + mi
     n_expr = no * t.nr + ni
     n_ext = minimum(Const(t.nr, "int64"), Const(N, "int64") - no * t.nr) if N % t.nr else Const(t.nr, "int64")
@@ -335,6 +398,7 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
         (rc, ci) = red.axes[-1]
         fmas = t.mr * max(1, t.nr // t.lanes)
         unroll_last = max(d for d in range(1, min(ci, max(1, UNROLL_FMAS // fmas)) + 1) if ci % d == 0)
+        unroll_last = int(dec.knob("unroll", unroll_last, divisors(ci)))
         if unroll_last < ci:
             rco, rci = Var(f"{rc.name}o"), Var(f"{rc.name}u")
             split = {rc: rco * unroll_last + rci}

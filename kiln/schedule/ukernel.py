@@ -83,6 +83,7 @@ from kiln.kernel.ir import (
     substitute,
     walk,
 )
+from kiln.schedule.config import Decisions, powers_of_two
 from kiln.schedule.primitives import rename
 from kiln.schedule.tile import flatten_rows, pick_mr, simplify_panels
 from kiln.target import Target
@@ -217,9 +218,9 @@ def choose_blocks(n_tiles: int, K: int, mr: int, nr: int, target: Target) -> tup
     return mb, kc
 
 
-def schedule_ukernel(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
-                     options: dict[str, bool]) -> list[Stmt] | None:
-    """The loop nest of a packed anchor around the target's microkernel, or None where it does not apply."""
+def _plan(k: Kernel, c: Compute, target: Target) -> tuple | None:
+    """What the microkernel nest needs — (the compute as the nest sees it, main kernel, panel width, reduction,
+    B panel load, A expression, panel base, (m axis, n axis), K) — or None where the strategy does not apply."""
     main = ukernel_for(target)
     one_vector = narrow_cols(target) if target.arch == "x86_64" else None  # one-vector blocks' panels (x86)
     if main is None or c.hints.get("nr") not in (main.nr, one_vector) or "m_axis" not in c.hints:
@@ -238,14 +239,32 @@ def schedule_ukernel(k: Kernel, c: Compute, tag: str, target: Target, threads: i
     m_axis, n_axis = c.hints["m_axis"] % nax, c.hints.get("n_axis", -1) % nax
     if m_axis == n_axis:
         return None
-    n_v, M = c.axes[n_axis], c.extents[m_axis]
+    n_v = c.axes[n_axis]
     others = [(v, e) for i, (v, e) in enumerate(zip(c.axes, c.extents)) if i not in (m_axis, n_axis)]
     split = _panel_operand(red, n_v, panel, lambda name: k.buffer(name).shape, others)
     if split is None:
         return None
-    bload, a_expr, b_base = split
     K = int(np.prod([n for _, n in red.axes]))
-    uk = ukernel_for(target, pick_mr(M, main.mr), panel=panel)
+    return (c, main, panel, red, *split, (m_axis, n_axis), K)
+
+
+def ukernel_applies(k: Kernel, c: Compute, target: Target) -> bool:
+    """Can this compute be built on the target's microkernel (the tuner's strategy knob)?"""
+    return _plan(k, c, target) is not None
+
+
+def schedule_ukernel(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
+                     options: dict[str, bool], dec: Decisions | None = None) -> list[Stmt] | None:
+    """The loop nest of a packed anchor around the target's microkernel, or None where it does not apply. Knobs
+    (schedule/config.py): the kernel's rows `ukr_mr`, the A block `mb`, the K block `kc`, the block order."""
+    dec = dec if dec is not None else Decisions()
+    plan = _plan(k, c, target)
+    if plan is None:
+        return None
+    c, main, panel, red, bload, a_expr, b_base, (m_axis, n_axis), K = plan
+    M = c.extents[m_axis]
+    mr = int(dec.knob("ukr_mr", pick_mr(M, main.mr), range(1, min(M, main.mr) + 1)))
+    uk = ukernel_for(target, mr, panel=panel)
     assert uk is not None
     k.extern_ir[uk.name] = uk.ir_text
     # a last panel with at most one vector of valid columns runs the narrow edge kernel (half the FMAs)
@@ -254,7 +273,7 @@ def schedule_ukernel(k: Kernel, c: Compute, tag: str, target: Target, threads: i
     if narrow is not None:
         k.extern_ir[narrow.name] = narrow.ir_text
     return _nest(k, c, tag, target, threads if options.get("parallel", True) else 1, uk, narrow, red, bload,
-                 b_base, a_expr, (m_axis, n_axis), K)
+                 b_base, a_expr, (m_axis, n_axis), K, dec)
 
 
 def merge_channel_blocks(c: Compute) -> Compute:
@@ -279,7 +298,8 @@ def merge_channel_blocks(c: Compute) -> Compute:
 
 
 def _nest(k: Kernel, c: Compute, tag: str, target: Target, threads: int, uk: UKernel, narrow: UKernel | None,
-          red: Reduce, bload: Load, b_base: Expr, a_expr: Expr, mn: tuple[int, int], K: int) -> list[Stmt]:
+          red: Reduce, bload: Load, b_base: Expr, a_expr: Expr, mn: tuple[int, int], K: int,
+          dec: Decisions) -> list[Stmt]:
     m_axis, n_axis = mn
     m_v, n_v = c.axes[m_axis], c.axes[n_axis]
     M, N = c.extents[m_axis], c.extents[n_axis]
@@ -289,6 +309,8 @@ def _nest(k: Kernel, c: Compute, tag: str, target: Target, threads: int, uk: UKe
     n_others = int(np.prod([e for _, e in others])) if others else 1
     all_tiles = n_others * n_tiles
     MB, KC = choose_blocks(all_tiles, K, MR, NR, target)
+    MB = int(dec.knob("mb", MB, [b for b in powers_of_two(1, all_tiles) if b < all_tiles] + [all_tiles]))
+    KC = int(dec.knob("kc", KC, [kc for kc in powers_of_two(64, K) if kc < K] + [K]))
     n_blocks = -(-all_tiles // MB)
     o = Var(f"uother{tag}")  # the other output axes, flattened
     mt, j, ni, mi = (Var(f"{x}{tag}") for x in ("utile", "upanel", "ulane", "urow"))
@@ -398,12 +420,15 @@ def _nest(k: Kernel, c: Compute, tag: str, target: Target, threads: int, uk: UKe
     # one parallel loop over (block of MB row tiles, j), j fastest: consecutive iterations share the A block,
     # and each iteration's panel serves the MB tiles of the block. Tiles are numbered across the other
     # axes too (T = o·⌈M/MR⌉ + mt, the order of Ap), so a conv whose rows are single tiles still shares panels.
+    # (the knob `ukr_order` "block": blocks fastest instead — each panel passes once, every A block under it)
     flat, t = Var(f"ublock{tag}"), Var(f"ut{tag}")
-    blk = flat // n_panels
+    panel_fastest = dec.knob("ukr_order", "panel", ("panel", "block")) == "panel"
+    blk = flat // n_panels if panel_fastest else flat % n_blocks
+    j_of = flat % n_panels if panel_fastest else flat // n_blocks
     tiles_here: Expr = minimum(_i(MB), _i(all_tiles) - blk * MB) if all_tiles % MB else _i(MB)
     tile = blk * MB + t
     tile_loop = Loop(t, tiles_here, rename(calls + transposed + [epilogue], {
-        j: flat % n_panels, mt: tile % n_tiles, o: tile // n_tiles, **decode_others(tile // n_tiles)}))
+        j: j_of, mt: tile % n_tiles, o: tile // n_tiles, **decode_others(tile // n_tiles)}))
     total = n_blocks * n_panels
     compute = Loop(flat, _i(total), allocs + [tile_loop], kind if total > 1 else "serial")
     return [pack, compute]

@@ -1,0 +1,334 @@
+"""The cost model: rank candidate schedules without running them.
+
+Features come from the *scheduled* loop nest (not from the knob values), per store (Store, accumulator Assign,
+or microkernel Call), weighted by how often it runs, and summed into one vector per candidate:
+
+  * work: FLOPs, vector FMA instructions, the fraction of lanes doing work;
+  * memory: loads, broadcasts, gathers and stores per FMA; bytes touched by one iteration of each enclosing
+    loop level (the working set), and the bytes moved into each cache level (L1, L2, L3, DRAM) by the classic
+    reuse model — a loop whose working set fits a cache reuses it across the iterations of the loop around it;
+  * registers: accumulator vectors live across the reduction, vector values per step, their sum over the
+    target's registers (over 1: spills);
+  * loops: the hot store's trip counts (innermost, unrolled), vector width, the parallel loop's extent,
+    chunks per thread and load balance over the threads;
+  * the analytic estimate below (log seconds).
+
+The analytic model — time = max(FMA issue, load issue, bytes per cache level ÷ that level's bandwidth),
+stretched by FMA latency chains too short to fill the pipes, by register spills and by parallel imbalance —
+ranks candidates before any is measured. `LearnedModel` refines it: XGBoost with a pairwise ranking objective,
+trained online on the tuner's own measurements (every measured candidate of the workloads of one kernel class
+on this target, one ranking group per workload), predicting a score whose order is the predicted speed order.
+`spearman` reports how well it ranks candidates it was not trained on (kiln/tune/report.py, `kiln tune --report`)."""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kiln.kernel.analysis import coef, flat_index
+from kiln.kernel.ir import Bin, Call, Const, Expr, If, Kernel, Load, Local, Loop, Stmt, Store, Var, walk
+from kiln.target import Target
+
+FEATURES: tuple[str, ...] = (
+    "log_flops", "log_fma_vec", "lane_use", "loads_per_fma", "bcast_per_fma", "gather_per_fma", "stores_per_fma",
+    "acc_regs", "step_regs", "pressure", "spill",
+    "log_inner_trip", "log_unroll", "vec_ratio", "log_par_ext", "chunks", "balance", "par_loops",
+    "log_ws0", "log_ws1", "log_ws2", "log_ws3", "log_l1_bytes", "log_l2_bytes", "log_l3_bytes", "log_dram_bytes",
+    "bytes_per_flop_l2", "bytes_per_flop_l3", "ukernel", "log_analytic",
+)
+FREQ = 3.0e9            # nominal clock (cancels out of every ranking)
+FMA_PORTS = 2
+FMA_LATENCY = 4
+LOAD_PORTS = 2
+# bytes per cycle per core the analytic model assumes for each level (L1, L2, L3, DRAM shared)
+BANDWIDTH = (128.0, 48.0, 16.0, 6.0)
+
+
+def _upper(e: Expr) -> int | None:
+    """An upper bound of a loop extent (a constant, or min(constant, ·))."""
+    if isinstance(e, Const):
+        return int(e.value)
+    if isinstance(e, Bin) and e.op == "min":
+        a, b = _upper(e.a), _upper(e.b)
+        return min(x for x in (a, b) if x is not None) if a is not None or b is not None else None
+    return None
+
+
+@dataclass
+class _Ctx:
+    var: Var
+    trip: int          # iterations (a vector loop: vector steps)
+    kind: str
+    lanes: int
+
+
+@dataclass
+class _Acc:
+    """Running sums over the stores of one candidate."""
+    flops: float = 0.0
+    fma_vec: float = 0.0
+    lane_work: float = 0.0
+    lane_slots: float = 0.0
+    loads: float = 0.0
+    bcasts: float = 0.0
+    gathers: float = 0.0
+    stores: float = 0.0
+    traffic: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])
+    hot: tuple[float, list[_Ctx], float, float, list[float]] | None = None  # (work, loops, acc, step, ws)
+    ukernel: bool = False
+    acc_regs: float = 0.0
+
+
+class _Walker:
+    def __init__(self, k: Kernel, target: Target):
+        self.k, self.t = k, target
+        self.native = target.lanes(32)
+        self.shapes = {b.name: b.shape for b in list(k.args) + list(k.scratch)}
+        self.itemsize = {b.name: np.dtype(b.dtype).itemsize for b in list(k.args) + list(k.scratch)}
+        self.acc = _Acc()
+        self.locals: dict[str, int] = {}
+        self.caches = (target.l1_bytes, target.l2_bytes, target.l3_bytes)
+
+    def stmts(self, body: list[Stmt], loops: list[_Ctx]) -> None:
+        for s in body:
+            if isinstance(s, Loop):
+                ub = _upper(s.extent) or 1
+                trip = -(-ub // s.lanes) if s.kind == "vector" else ub
+                self.stmts(s.body, loops + [_Ctx(s.var, max(1, trip), s.kind, s.lanes if s.kind == "vector" else 1)])
+            elif isinstance(s, If):
+                self.stmts(s.body, loops)  # the common (interior) side; edges are a small share
+            elif isinstance(s, Local):
+                lanes = next((c.lanes for c in reversed(loops) if c.kind == "vector"), 1)
+                self.locals[s.name] = s.count * max(1, -(-lanes // self.native))
+            elif isinstance(s, Store):
+                self.store(s.buf, s.index, s.value, loops, is_store=True)
+            elif isinstance(s, Call):
+                self.call(s, loops)
+            elif hasattr(s, "value") and hasattr(s, "name"):  # Assign: an accumulator update
+                self.store(None, (), s.value, loops, is_store=False, acc=s.name)
+
+    def _iters(self, loops: list[_Ctx]) -> float:
+        return float(np.prod([c.trip for c in loops])) if loops else 1.0
+
+    def _footprints(self, loads: list[Load], loops: list[_Ctx]) -> list[float]:
+        """Bytes touched by one iteration of each enclosing loop level, innermost first (index 0: one step)."""
+        out = []
+        for depth in range(len(loops), -1, -1):
+            inner = loops[depth:]
+            total = 0.0
+            for ld in loads:
+                shape = self.shapes.get(ld.buf)
+                if shape is None:
+                    continue
+                flat = flat_index(ld.index, shape)
+                n = 1.0
+                for c in inner:
+                    cf = coef(flat, c.var)
+                    if cf != 0:
+                        n *= c.trip * c.lanes
+                size = float(np.prod(shape)) if shape else 1.0
+                total += min(n, size) * self.itemsize.get(ld.buf, 4)
+            out.append(total)
+        return out  # out[0]: innermost step, out[-1]: the whole nest
+
+    def _traffic(self, ws: list[float], loops: list[_Ctx]) -> list[float]:
+        """Bytes moved into L1, L2, L3 and from DRAM: per cache, the largest loop level whose working set fits is
+        reloaded once per iteration of the loops around it."""
+        levels = len(ws) - 1
+        out = []
+        for cap in (*self.caches, float("inf")):
+            j = max((i for i in range(levels + 1) if ws[i] <= cap), default=0)
+            outer = loops[:levels - j]
+            out.append(ws[j] * (float(np.prod([c.trip for c in outer])) if outer else 1.0))
+        return out
+
+    def store(self, buf: str | None, index: tuple, value: Expr, loops: list[_Ctx], is_store: bool,
+              acc: str | None = None) -> None:
+        a = self.acc
+        iters = self._iters(loops)
+        vec = next((c for c in reversed(loops) if c.kind == "vector"), None)
+        lanes = vec.lanes if vec else 1
+        regs_per = max(1, -(-lanes // self.native))
+        nodes = walk(value)
+        ops = sum(1 for e in nodes if isinstance(e, Bin) and e.dtype.startswith("float"))
+        loads = [e for e in nodes if isinstance(e, Load)]
+        flops = ops * lanes * iters
+        a.flops += flops
+        fma = ops / 2.0 * regs_per * iters
+        a.fma_vec += fma
+        a.lane_work += lanes * iters
+        a.lane_slots += regs_per * self.native * iters
+        for ld in loads:
+            flat = flat_index(ld.index, self.shapes.get(ld.buf, ()))
+            cf = coef(flat, vec.var) if vec else 0
+            if cf == 0:
+                a.bcasts += iters
+            elif cf == 1:
+                a.loads += iters * regs_per
+            else:
+                a.gathers += iters * regs_per
+        if is_store:
+            a.stores += iters * regs_per
+        ws = self._footprints(loads, loops)
+        for i, b in enumerate(self._traffic(ws, loops)):
+            a.traffic[i] += b
+        acc_regs = float(self.locals.get(acc, 0)) if acc else 0.0
+        a.acc_regs = max(a.acc_regs, acc_regs)
+        step = len(loads) * regs_per
+        if a.hot is None or flops > a.hot[0]:
+            a.hot = (flops, list(loops), acc_regs, float(step), ws)
+
+    def call(self, s: Call, loops: list[_Ctx]) -> None:
+        """A microkernel call: kiln_ukr_<isa>_f32_<MR>x<NR>(A, B, C, ldc, K, acc) is an MR×NR×K FMA tile."""
+        a = self.acc
+        if not s.fn.startswith("kiln_ukr_"):
+            return
+        a.ukernel = True
+        tile = s.fn.split("_f32_")[1].split("_")[0]
+        mr, nr = (int(x) for x in tile.split("x"))
+        k_len = _upper(s.args[4]) or 1
+        iters = self._iters(loops)
+        nvec = max(1, nr // self.native)
+        flops = 2.0 * mr * nr * k_len * iters
+        a.flops += flops
+        a.fma_vec += mr * nvec * k_len * iters
+        a.lane_work += mr * nr * k_len * iters
+        a.lane_slots += mr * nvec * self.native * k_len * iters
+        a.bcasts += mr * k_len * iters
+        a.loads += nvec * k_len * iters
+        a.stores += mr * nvec * iters
+        step_bytes = (mr + nr) * 4.0
+        nest = list(loops) + [_Ctx(Var("uk"), k_len, "serial", 1)]  # the kernel's K loop, innermost
+        ws = [step_bytes * float(np.prod([c.trip for c in nest[len(nest) - j:]])) if j else step_bytes
+              for j in range(len(nest) + 1)]
+        for i, b in enumerate(self._traffic(ws, nest)):
+            a.traffic[i] += b
+        acc_regs = float(mr * nvec)
+        a.acc_regs = max(a.acc_regs, acc_regs)
+        if a.hot is None or flops > a.hot[0]:
+            a.hot = (flops, nest, acc_regs, float(nvec + 1), ws)
+
+
+def _log2(x: float) -> float:
+    return math.log2(max(1.0, x))
+
+
+def analytic_seconds(f: dict[str, float], target: Target, threads: int) -> float:
+    """The analytic estimate from the raw sums (see the module doc)."""
+    issue = f["fma_vec"] / FMA_PORTS
+    # FMA latency: fewer independent accumulator chains than latency × ports leave the pipes idle
+    chains = f["acc_regs"] if f["acc_regs"] > 0 else FMA_LATENCY * FMA_PORTS
+    issue /= min(1.0, chains / (FMA_LATENCY * FMA_PORTS))
+    loads = (f["loads"] + f["bcasts"] + f["stores"] + 4.0 * f["gathers"]) / LOAD_PORTS
+    mem = [f["traffic"][i] / BANDWIDTH[i] for i in range(4)]
+    cycles = max(issue, loads, *mem[:3]) + 0.0
+    if f["pressure"] > 1.0:  # spills: a load and a store per excess register per step
+        cycles *= 1.0 + 0.5 * (f["pressure"] - 1.0)
+    cycles /= max(1.0, threads * f["balance"]) if f["par_loops"] else 1.0
+    cycles = max(cycles, mem[3] / 1.0)  # DRAM is shared
+    cycles += 2000.0 * f["par_loops"]   # fork/join of each parallel loop
+    return cycles / FREQ
+
+
+def features_of(k: Kernel, target: Target, threads: int) -> list[float]:
+    """The feature vector (FEATURES, in order) of a scheduled kernel."""
+    return feature_dict(k, target, threads)[1]
+
+
+def feature_dict(k: Kernel, target: Target, threads: int) -> tuple[dict[str, float], list[float]]:
+    w = _Walker(k, target)
+    w.stmts(k.body, [])
+    a = w.acc
+    par = [s for s in k.body if isinstance(s, Loop) and s.kind == "parallel"]
+    par_ext = max((_upper(s.extent) or 1 for s in par), default=1)
+    chunks = max((s.chunks for s in par), default=0)
+    per = threads * (chunks or 4)
+    chunk = max(1, -(-par_ext // per))
+    n_chunks = -(-par_ext // chunk)
+    rounds = -(-n_chunks // threads)
+    balance = (par_ext / (rounds * threads * chunk)) if par else 1.0
+    hot = a.hot or (0.0, [], 0.0, 0.0, [0.0])
+    _, loops, acc_regs, step_regs, ws = hot
+    inner = next((c.trip for c in reversed(loops) if c.kind in ("serial", "parallel")), 1)
+    unroll = float(np.prod([c.trip for c in loops if c.kind == "unroll"])) if loops else 1.0
+    vec = next((c.lanes for c in reversed(loops) if c.kind == "vector"), 1)
+    fma = max(a.fma_vec, 1.0)
+    pressure = (acc_regs + step_regs + 2) / target.vector_registers
+    raw = {"flops": a.flops, "fma_vec": a.fma_vec, "acc_regs": acc_regs, "loads": a.loads, "bcasts": a.bcasts,
+           "gathers": a.gathers, "stores": a.stores, "traffic": a.traffic, "pressure": pressure,
+           "balance": balance, "par_loops": float(len(par))}
+    est = analytic_seconds(raw, target, threads)
+    ws4 = (list(ws) + [ws[-1]] * 4)[:4] if ws else [0.0] * 4
+    feats = {
+        "log_flops": _log2(a.flops), "log_fma_vec": _log2(a.fma_vec),
+        "lane_use": a.lane_work / a.lane_slots if a.lane_slots else 1.0,
+        "loads_per_fma": a.loads / fma, "bcast_per_fma": a.bcasts / fma, "gather_per_fma": a.gathers / fma,
+        "stores_per_fma": a.stores / fma, "acc_regs": acc_regs, "step_regs": step_regs, "pressure": pressure,
+        "spill": max(0.0, pressure - 1.0), "log_inner_trip": _log2(inner), "log_unroll": _log2(unroll),
+        "vec_ratio": vec / w.native, "log_par_ext": _log2(par_ext), "chunks": float(chunks), "balance": balance,
+        "par_loops": float(len(par)), "log_ws0": _log2(ws4[0]), "log_ws1": _log2(ws4[1]), "log_ws2": _log2(ws4[2]),
+        "log_ws3": _log2(ws4[3]), "log_l1_bytes": _log2(a.traffic[0]), "log_l2_bytes": _log2(a.traffic[1]),
+        "log_l3_bytes": _log2(a.traffic[2]), "log_dram_bytes": _log2(a.traffic[3]),
+        "bytes_per_flop_l2": a.traffic[1] / max(a.flops, 1.0), "bytes_per_flop_l3": a.traffic[2] / max(a.flops, 1.0),
+        "ukernel": float(a.ukernel), "log_analytic": math.log(max(est, 1e-12)),
+    }
+    return feats, [float(feats[n]) for n in FEATURES]
+
+
+def analytic_of(features: Sequence[float]) -> float:
+    """The analytic estimate (seconds) stored in a feature vector."""
+    return math.exp(features[FEATURES.index("log_analytic")])
+
+
+class LearnedModel:
+    """XGBoost ranking model (objective rank:pairwise) over FEATURES; groups are workloads. Before it has seen
+    two measured candidates of some workload it ranks by the analytic estimate."""
+
+    MIN_ROWS = 8
+
+    def __init__(self, seed: int = 0):
+        self.seed = seed
+        self.booster = None
+        self.rows = 0
+
+    def fit(self, groups: Sequence[tuple[Sequence[Sequence[float]], Sequence[float]]]) -> bool:
+        """groups: per workload, (feature vectors, measured seconds). Returns whether a model was trained."""
+        xs, ys, sizes = [], [], []
+        for feats, secs in groups:
+            if len(feats) < 2:
+                continue
+            best = min(secs)
+            xs += [list(f) for f in feats]
+            # relevance: speed relative to the workload's best, in 0..31 (pairwise pairs form where it differs)
+            ys += [float(np.clip(np.round(31 * (best / s) ** 2), 0, 31)) for s in secs]
+            sizes.append(len(feats))
+        self.rows = len(xs)
+        if self.rows < self.MIN_ROWS:
+            self.booster = None
+            return False
+        import xgboost as xgb  # (imported only now: ≈ 3 s)
+        d = xgb.DMatrix(np.asarray(xs, dtype=np.float32), label=np.asarray(ys, dtype=np.float32))
+        d.set_group(sizes)
+        params = {"objective": "rank:pairwise", "eta": 0.2, "max_depth": 5, "min_child_weight": 1,
+                  "subsample": 0.9, "colsample_bytree": 0.9, "seed": self.seed, "verbosity": 0, "nthread": 1}
+        self.booster = xgb.train(params, d, num_boost_round=60)
+        return True
+
+    def score(self, feats: Sequence[Sequence[float]]) -> np.ndarray:
+        """Higher = predicted faster."""
+        x = np.asarray([list(f) for f in feats], dtype=np.float32)
+        if self.booster is None or not len(x):
+            return -x[:, FEATURES.index("log_analytic")] if len(x) else np.zeros(0)
+        import xgboost as xgb
+        return self.booster.predict(xgb.DMatrix(x))
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+    """Spearman rank correlation (scipy's, ties averaged)."""
+    from scipy.stats import spearmanr
+    if len(a) < 3:
+        return float("nan")
+    r = spearmanr(a, b).statistic
+    return float(r)

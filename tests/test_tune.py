@@ -1,0 +1,420 @@
+"""The auto-scheduler (kiln/tune): the space is the schedules' own knobs with the heuristics as its default point,
+candidates are legal or rejected before codegen and correct when built, measurements survive crashes, hangs and
+Ctrl-C, records are keyed by workload and target, and kiln.compile applies them (checked against onnxruntime).
+
+Budgets here are seconds and kernels tiny: these tests check behaviour, never speed (benchmarks/ do that)."""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from onnx import helper
+
+import kiln
+from conftest import C, assert_close, check, make_model, op_model, rand, run_ort, width_runs
+from kiln.compiler import check_options, lower
+from kiln.schedule.config import Decisions, IllegalConfig
+from kiln.schedule.default import schedule_kernel
+from kiln.target import resolve
+from kiln.tune.database import Measurement, TuningDatabase, TuningDatabaseError
+from kiln.tune.measure import Built, Measurer, build_candidate, outputs_match
+from kiln.tune.space import Space
+from kiln.tune.tuner import kernels_of, tune
+from kiln.tune.workload import fresh, signature, target_description, target_key, workloads_of
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def gemm(m: int = 37, k: int = 96, n: int = 80, relu: bool = False):
+    a = rand(m, k, seed=1)
+    b = rand(k, n, seed=2) * np.float32(0.2)
+    nodes = [helper.make_node("MatMul", ["a", "b"], ["y" if not relu else "t"], name="mm")]
+    if relu:
+        nodes.append(helper.make_node("Relu", ["t"], ["y"], name="act"))
+    return make_model(nodes, {"a": a}, ["y"], {"b": b}), {"a": a}
+
+
+def conv3x3(c: int = 32, hw: int = 9, co: int = 32):
+    x = rand(1, c, hw, hw, seed=3)
+    w = rand(co, c, 3, 3, seed=4) * np.float32(0.1)
+    return op_model("Conv", [x, C(w)], {"pads": [1, 1, 1, 1]})
+
+
+def depthwise(c: int = 32, hw: int = 12):
+    x = rand(1, c, hw, hw, seed=5)
+    w = rand(c, 1, 3, 3, seed=6)
+    return op_model("Conv", [x, C(w)], {"pads": [1, 1, 1, 1], "group": c})
+
+
+def softmax():
+    return op_model("Softmax", [rand(24, 200, seed=7)], {"axis": -1})
+
+
+MODELS = {"gemm": gemm, "conv3x3": conv3x3, "depthwise": depthwise, "softmax": softmax}
+
+
+def main_workload(model, target, threads: int = 2):
+    ws = workloads_of(kernels_of(model, target, threads, {}))
+    return max(ws, key=lambda w: (w.flops, len(w.kernel.computes)))
+
+
+def db_with_best(path, model, target, config_of, threads: int = 2) -> TuningDatabase:
+    """A database whose best record for each of the model's kernels is config_of(space) (None: no record)."""
+    db = TuningDatabase(path)
+    tkey = target_key(target, threads)
+    db.add_target(tkey, target_description(target, threads))
+    for w in workloads_of(kernels_of(model, target, threads, {})):
+        cfg = config_of(Space(w.kernel, target, threads, {}))
+        if cfg is not None:
+            db.add_workload(w.sig, w.klass, "", w.flops)
+            db.set_best(w.sig, tkey, cfg, 1e-3, 2e-3)
+    return db
+
+
+def compile_tuned(model, feeds, width: str, db_path: str, rtol: float = 1e-4):
+    """kiln.compile with the database applied, checked against onnxruntime (or lowered and emitted on a width this
+    CPU cannot run). Returns the executable's meta["tuned"] (None when emit-only)."""
+    if not width_runs(width):
+        db = TuningDatabase(db_path, create=False)
+        c = lower(model, resolve(width), 2, check_options({}), tuning=db)
+        assert c.obj[:4] == b"\x7fELF"
+        return None
+    exe = kiln.compile(model, target=width, num_threads=2, cache=False, tuning=db_path)
+    for i, (got, want) in enumerate(zip(exe.run(feeds), run_ort(model, feeds))):
+        assert_close(got, want, rtol, f"output {i}")
+    return exe.meta["tuned"]
+
+
+# -- the space --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_default_point_is_the_heuristics(name: str, width: str) -> None:
+    """Scheduling with the space's default configuration gives exactly the nest of no configuration."""
+    model, _ = MODELS[name]()
+    t = resolve(width)
+    for w in workloads_of(kernels_of(model, t, 2, {})):
+        plain, tuned = fresh(w.kernel), fresh(w.kernel)
+        schedule_kernel(plain, t, 2, {})
+        space = Space(w.kernel, t, 2, {})
+        schedule_kernel(tuned, t, 2, {}, Decisions(space.default, strict=True))
+        assert str(plain) == str(tuned)
+        assert all(space.default[k.name] == k.default for k in space.knobs.values() if k.name in space.default)
+
+
+def test_space_has_the_issue_knobs() -> None:
+    t = resolve("avx512") if resolve("host").vector_bits == 512 else resolve("host")
+    names = lambda model: {k.split(":")[1] for k in Space(main_workload(model, t).kernel, t, 2, {}).knobs}  # noqa
+    g = names(gemm(m=200, k=256, n=96)[0])
+    assert {"strategy", "mr", "order", "block", "pack", "chunks"} <= g
+    c = names(conv3x3(c=64, hw=14, co=64)[0])
+    assert {"strategy", "mr", "order", "block", "chunks"} <= c
+    s = names(softmax()[0])
+    assert {"lanes", "parallel"} & s
+    # the microkernel's knobs exist once a candidate chooses the ukernel strategy
+    w = main_workload(gemm(m=200, k=256, n=96)[0], t)
+    space = Space(w.kernel, t, 2, {})
+    cand = space.realize({**space.default, "0:strategy": "ukernel"})
+    assert cand is not None and {"0:ukr_mr", "0:mb", "0:kc", "0:ukr_order"} <= set(cand.config)
+    assert "0:mr" not in cand.config  # the direct tile's rows are not consulted under ukernel
+    assert space.size > 100
+
+
+def test_illegal_config_rejected_before_codegen() -> None:
+    t = resolve("host")
+    w = main_workload(gemm()[0], t)
+    with pytest.raises(IllegalConfig, match="0:mr"):
+        schedule_kernel(fresh(w.kernel), t, 2, {}, Decisions({"0:mr": 999}, strict=True))
+    b = build_candidate(w.kernel, t, 2, {}, {"0:mr": 999})
+    assert b.status == "illegal" and not b.obj
+    b = build_candidate(w.kernel, t, 2, {}, {"0:no_such_knob": 1})
+    assert b.status == "illegal"
+
+
+@pytest.mark.parametrize("name", ["gemm", "conv3x3", "depthwise"])
+def test_random_candidates_compile_correctly(name: str, width: str, tmp_path) -> None:
+    """Random points of the space, each applied by kiln.compile as a tuning record: every one matches onnxruntime."""
+    model, feeds = MODELS[name]()
+    t = resolve(width)
+    space = Space(main_workload(model, t).kernel, t, 2, {})
+    rng = random.Random(7)
+    seen = {repr(sorted(space.default.items()))}
+    for i in range(3):
+        cand = space.sample(rng)
+        assert cand is not None
+        if repr(sorted(cand.config.items())) in seen:
+            continue
+        seen.add(repr(sorted(cand.config.items())))
+        sig = signature(main_workload(model, t).kernel)
+        db = db_with_best(tmp_path / f"{i}.db", model, t,
+                          lambda sp, cfg=cand.config, sig=sig: cfg if signature(sp.kernel) == sig else None)
+        db.close()
+        tuned = compile_tuned(model, feeds, width, str(tmp_path / f"{i}.db"))
+        if tuned is not None and cand.config != space.default:
+            assert [v["sig"] for v in tuned.values()] == [sig]
+
+
+# -- measuring ----------------------------------------------------------------------------------------------------
+def _object(ir_body: str) -> bytes:
+    """A hand-written timing entry point (to make a candidate crash or hang on purpose)."""
+    from kiln.codegen.jit import emit_object, optimize
+    text = f"define void @kiln_tune_run(ptr %b, i64 %r, i32 %n, ptr %p) {{\n{ir_body}\n}}\n"
+    return emit_object(optimize(text, resolve("host"), opt=0), resolve("host"))
+
+
+def test_measurer_survives_crash_and_hang() -> None:
+    t = resolve("host")
+    w = main_workload(gemm()[0], t)
+    good = build_candidate(w.kernel, t, 2, {}, {})
+    crash = Built({}, _object("  store i32 1, ptr null\n  ret void"), good.buffers)
+    hang = Built({}, _object("  br label %l\nl:\n  br label %l"), good.buffers)
+    with Measurer(timeout_s=3.0) as m:
+        r0 = m.measure(good, t, 2)
+        assert r0.status == "ok" and r0.seconds > 0 and r0.outputs
+        r1 = m.measure(crash, t, 2)
+        assert r1.status == "crash" and "SIGSEGV" in r1.detail
+        r2 = m.measure(hang, t, 2)
+        assert r2.status == "timeout"
+        r3 = m.measure(good, t, 2)  # a fresh child takes over
+        assert r3.status == "ok" and outputs_match(r3.outputs, r0.outputs)[0]
+        assert m.restarts == 2
+
+
+def test_measured_outputs_are_the_kernels(width: str) -> None:
+    """The child's outputs of the default candidate equal NumPy's GEMM on the same seeded buffers."""
+    if not width_runs(width):
+        pytest.skip(f"{width} code cannot run on this CPU")
+    from kiln.tune.measure import make_buffers
+    model, _ = gemm(m=33, k=64, n=48)
+    t = resolve(width)
+    w = main_workload(model, t)
+    built = build_candidate(w.kernel, t, 2, {}, {})
+    with Measurer() as m:
+        r = m.measure(built, t, 2)
+    bufs = dict(zip([b[0] for b in built.buffers], make_buffers(built.buffers, 0)))
+    ins = [bufs[b.name].reshape(b.shape) for b in w.kernel.args if b.name not in r.outputs]
+    (a,), (bp,) = [x for x in ins if x.ndim == 2], [x for x in ins if x.ndim == 3]  # A, the packed B panels
+    from kiln.graph.passes.pack_weights import unpack
+    (out,) = r.outputs.values()
+    np.testing.assert_allclose(out, a @ unpack(bp, out.shape[1]), rtol=1e-4, atol=1e-4)
+
+
+def test_wrong_output_is_recorded_and_never_kept(tmp_path) -> None:
+    """A candidate whose code computes something else (here: the kernel with a ReLU epilogue) is 'wrong'."""
+    from kiln.tune.distributed import LocalPool
+    from kiln.tune.search import SearchContext, WorkloadSearch
+    t = resolve("host")
+    w = main_workload(gemm()[0], t)
+    other = main_workload(gemm(relu=True)[0], t)
+    db = TuningDatabase(tmp_path / "t.db")
+    tkey = target_key(t, 2)
+    db.add_target(tkey, target_description(t, 2))
+    db.add_workload(w.sig, w.klass, "", w.flops)
+    with Measurer() as m:
+        ctx = SearchContext(t, 2, {}, db, tkey, m, LocalPool(), "run", random.Random(0))
+        s = WorkloadSearch(w, ctx)
+        assert s.measure(build_candidate(w.kernel, t, 2, {}, {})) is not None
+        impostor = build_candidate(other.kernel, t, 2, {}, {})
+        impostor.config = {"0:mr": 3}
+        assert s.measure(impostor) is None
+    statuses = [x.status for x in db.measurements(w.sig, tkey)]
+    assert statuses == ["ok", "wrong"]
+    assert all(cfg != {"0:mr": 3} for cfg, _ in s.measured.values())
+
+
+# -- the database ---------------------------------------------------------------------------------------------------
+def test_database_roundtrip_and_keys(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
+    from kiln.tune.database import default_path
+    assert default_path() == str(tmp_path / "cache" / "tuning.db")
+    db = TuningDatabase()
+    db.add_target("t1", {"cpu": "x"})
+    db.add_workload("s1", "matmul", "def", 1e6)
+    db.add(Measurement("s1", "t1", {"0:mr": 4}, "ok", 1e-3, [1e-3], [0.5], 2e-3))
+    db.add(Measurement("s1", "t1", {"0:mr": 5}, "crash", detail="killed by SIGSEGV"))
+    db.set_best("s1", "t1", {"0:mr": 4}, 1e-3, 2e-3)
+    db.close()
+    db = TuningDatabase(create=False)
+    assert [m.status for m in db.measurements("s1")] == ["ok", "crash"]
+    assert db.best("s1", "t1").config == {"0:mr": 4} and db.best("s1", "t2") is None
+    assert db.fingerprint("t1") and not db.fingerprint("t2")
+
+
+def test_corrupt_or_foreign_database_is_an_error_naming_the_file(tmp_path) -> None:
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(TuningDatabaseError, match=str(junk)):
+        TuningDatabase(junk)
+    foreign = tmp_path / "foreign.db"
+    con = sqlite3.connect(foreign)
+    con.execute("CREATE TABLE recipes (name TEXT)")
+    con.commit()
+    con.close()
+    with pytest.raises(TuningDatabaseError, match="another program"):
+        TuningDatabase(foreign)
+    model, _ = gemm()
+    with pytest.raises(TuningDatabaseError, match=str(junk)):
+        kiln.compile(model, num_threads=2, cache=False, tuning=str(junk))
+    assert junk.read_bytes().startswith(b"this is not sqlite")  # never overwritten
+    with pytest.raises(TuningDatabaseError, match="does not exist"):
+        kiln.compile(model, num_threads=2, cache=False, tuning=str(tmp_path / "missing.db"))
+
+
+# -- applying records ------------------------------------------------------------------------------------------------
+def test_records_apply_only_to_their_target_and_reach_the_cache_key(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    model, feeds = gemm(m=64, k=128, n=96)
+    t = resolve("host")
+    w = main_workload(model, t)
+    space = Space(w.kernel, t, 2, {})
+    other_mr = space.default["0:mr"] - 1
+    record = space.realize({**space.default, "0:mr": other_mr}).config  # repaired: a legal point
+    first = kiln.compile(model, num_threads=2)  # cached, before any record exists
+    assert first.meta["tuned"] == {}
+    db = TuningDatabase()  # the default database, $KILN_CACHE_DIR/tuning.db
+    foreign = target_key(t, 2).replace('"threads":2', '"threads":3')
+    db.add_target(foreign, {})
+    db.add_workload(w.sig, w.klass, "", w.flops)
+    db.set_best(w.sig, foreign, record, 1e-3, 2e-3)
+    assert kiln.compile(model, num_threads=2).meta["tuned"] == {}  # another machine kind's record
+    db.add_target(target_key(t, 2), {})
+    db.set_best(w.sig, target_key(t, 2), record, 1e-3, 2e-3)
+    db.close()
+    exe = kiln.compile(model, num_threads=2)  # cache=True: the new record is not hidden by the cached build
+    assert list(exe.meta["tuned"]) and exe.meta["tuned"][next(iter(exe.meta["tuned"]))]["config"]["0:mr"] == other_mr
+    np.testing.assert_allclose(exe.run(feeds)[0], first.run(feeds)[0], rtol=1e-5, atol=1e-5)
+    assert kiln.compile(model, num_threads=2, tuning="off").meta["tuned"] == {}
+
+
+def test_stale_record_falls_back_to_default(tmp_path) -> None:
+    model, feeds = gemm()
+    t = resolve("host")
+    db = db_with_best(tmp_path / "s.db", model, t, lambda sp: {**sp.default, "0:mr": 999})
+    db.close()
+    exe = kiln.compile(model, num_threads=2, cache=False, tuning=str(tmp_path / "s.db"))
+    assert exe.meta["tuned"] == {}
+    check(model, feeds, 1e-4, tuning=str(tmp_path / "s.db"))
+
+
+# -- tuning ---------------------------------------------------------------------------------------------------------
+def test_tune_dedupes_records_everything_and_applies(tmp_path) -> None:
+    """Two identical layers are one workload; every measurement is a row; the best record is applied and correct."""
+    x = rand(48, 64, seed=1)
+    b = rand(64, 64, seed=2) * np.float32(0.1)
+    nodes = [helper.make_node("MatMul", ["x", "b"], ["h"], name="l1"),
+             helper.make_node("MatMul", ["h", "b2"], ["y"], name="l2")]
+    model = make_model(nodes, {"x": x}, ["y"], {"b": b, "b2": b.copy()})
+    path = str(tmp_path / "tune.db")
+    report = tune(model, budget_s=8, db=path, per_kernel_s=6, workers="local", progress=False)
+    assert not report.interrupted
+    mm = [r for r in report.results if r.klass == "matmul"]
+    assert len(mm) == 1 and report.counts[mm[0].sig] == 2
+    db = TuningDatabase(path, create=False)
+    rows = db.measurements(mm[0].sig)
+    assert len(rows) == mm[0].trials >= 3 and rows[0].is_default
+    assert any(r.status == "ok" and r.features for r in rows)
+    assert db.best(mm[0].sig, target_key(resolve("host"), 2)) is not None
+    db.close()
+    check(model, {"x": x}, 1e-4, tuning=path)
+    again = tune(model, budget_s=5, db=path, workers="local", progress=False)
+    assert mm[0].sig in [s for s, _ in again.skipped]  # tuned once
+
+
+def test_tune_through_a_local_ray_cluster(tmp_path) -> None:
+    """Candidates compile as Ray tasks on a local cluster bound to 127.0.0.1; measurement stays here."""
+    pytest.importorskip("ray")
+    model, feeds = gemm(m=40, k=64, n=64)
+    path = str(tmp_path / "ray.db")
+    report = tune(model, budget_s=25, db=path, per_kernel_s=12, workers="ray", progress=False)
+    assert report.workers == "ray"
+    (res,) = [r for r in report.results if r.klass == "matmul"]
+    assert res.trials >= 3 and res.statuses.get("ok", 0) >= 2
+    check(model, feeds, 1e-4, tuning=path)
+
+
+def test_ctrl_c_keeps_what_was_measured(tmp_path) -> None:
+    """SIGINT to a running `kiln tune`: it exits 130 and the database holds the measurements made so far."""
+    path = tmp_path / "sig.db"
+    env = {**os.environ, "PYTHONPATH": ROOT, "KILN_CACHE_DIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "kiln.cli", "tune", "zoo:gemm_odd", "--budget-s", "120",
+                             "--workers", "local", "--db", str(path), "--quiet"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    rows, deadline = 0, time.time() + 90
+    while time.time() < deadline and rows < 4 and proc.poll() is None:
+        time.sleep(0.5)
+        if path.exists():
+            try:
+                with sqlite3.connect(path) as con:
+                    rows = con.execute("SELECT count(*) FROM measurements").fetchone()[0]
+            except sqlite3.Error:
+                pass
+    assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err.decode()[-2000:]
+    assert b"interrupted" in out
+    db = TuningDatabase(path, create=False)
+    assert len(db.measurements()) >= rows >= 4
+
+
+def test_cost_model_ranks_what_it_learned() -> None:
+    """The ranking model, trained on candidates of some workloads, orders held-out ones of the same law."""
+    from kiln.tune.cost import FEATURES, LearnedModel, spearman
+    rng = np.random.default_rng(0)
+
+    def group(n: int) -> tuple[list, list]:
+        f = rng.random((n, len(FEATURES)))
+        secs = np.exp(2 * f[:, 3] - f[:, 7] + 0.05 * rng.standard_normal(n))
+        return f.tolist(), secs.tolist()
+    m = LearnedModel()
+    assert m.fit([group(40) for _ in range(4)])
+    f, secs = group(60)
+    assert spearman(-m.score(f), secs) > 0.8
+
+
+# -- kiln bench --tuned ---------------------------------------------------------------------------------------------
+def test_bench_tuned_column_and_what_tuning_contributes() -> None:
+    """--tuned adds a kiln:tuned contestant compiled with tuning='auto' (every other Kiln column: 'off'), and the
+    report's table is tuned ÷ default per workload and their geometric mean."""
+    import argparse
+
+    from kiln.bench import cli
+    from kiln.bench.kiln_system import compile_kwargs
+    from kiln.bench.report import make_record, tuning_table
+
+    p = argparse.ArgumentParser()
+    cli.add_arguments(p)
+    got = [(c.name, c.strategy) for c in cli.contestants(p.parse_args(["--systems", "kiln", "--strategy",
+                                                                       "kiln=direct", "--tuned"]))]
+    assert got == [("kiln", "direct"), ("kiln", "tuned")]
+    assert compile_kwargs("tuned", 2) == {"num_threads": 2, "tuning": "auto"}
+    assert "tuning" not in compile_kwargs("direct", 2)  # KilnSystem.prepare then sets tuning='off'
+
+    def rec(w: str, system: str, strategy: str, ms: float) -> dict:
+        return make_record(w, system, strategy, 2, "1", median_ms=ms, ok=True)
+    recs = [rec("a", "kiln", "direct", 10.0), rec("a", "kiln", "tuned", 8.0), rec("a", "onnxruntime", "default", 9.0),
+            rec("b", "kiln", "direct", 4.0), rec("b", "kiln", "tuned", 5.0), rec("c", "kiln", "direct", 1.0)]
+    table = tuning_table(recs)
+    rows = {line.split(" | ")[0].strip("| "): line for line in table[2:]}
+    assert set(rows) == {"a", "b", "geometric mean"}  # c has no tuned column: not in the table
+    assert "| 0.800 |" in rows["a"] and "| 1.250 |" in rows["b"]
+    assert f"| {(0.8 * 1.25) ** 0.5:.3f} |" in rows["geometric mean"]
+
+
+def test_tune_report_table() -> None:
+    """`kiln tune`'s summary: per workload default and tuned ms, speedup, GFLOP/s (— for kernels without FLOPs)."""
+    from kiln.tune.search import WorkloadResult
+    from kiln.tune.tuner import TuneReport
+    r = TuneReport("m", "host", 2, "db", results=[WorkloadResult("a" * 16, "matmul", 2e-3, 1e-3, trials=9),
+                                                   WorkloadResult("b" * 16, "elementwise", 4e-4, None, trials=1),
+                                                   WorkloadResult("c" * 16, "reduce", trials=1)],
+                   flops={"a" * 16: 2e9, "b" * 16: 0.0}, counts={"a" * 16: 3})
+    rows = r.table().splitlines()[2:]
+    assert rows[0].startswith("| matmul | aaaaaaaa | 3 | 2 | 1 | 2.00 | 1000 → 2000 | 9 |")
+    assert rows[1].startswith("| elementwise | bbbbbbbb | 1 | 0.4 | 0.4 | 1.00 | — | 1 |")
+    assert "failed" in rows[2]
