@@ -216,7 +216,8 @@ def _tuning_db(tuning: str | os.PathLike):  # noqa: ANN202 - kiln.tune.database.
 
 
 def _compile(proto: onnx.ModelProto | AtenProgram, identity: bytes, tgt: Target, threads: int,
-             opts: dict[str, bool], input_shapes: dict | None, cache: bool, strategy: str, strategies: dict[str, str] | None, bounds_check: bool, db: Any):
+             opts: dict[str, bool], input_shapes: dict | None, cache: bool, strategy: str,
+             strategies: dict[str, str] | None, bounds_check: bool, db: Any):
     from kiln.runtime.executable import Executable
 
     path = None
