@@ -379,7 +379,7 @@ class ExprEmitter:
             raise TypeError(f"{op} on {e.a.dtype}")
         if op == "neg":
             return B.fneg(x), vec
-        if vec and x.type.element == F32 and op in ("exp", "erf", "tanh", "sigmoid"):
+        if vec and x.type.element == F32 and op in ("exp", "log", "erf", "tanh", "sigmoid"):
             return getattr(VectorMath(B, self.intrinsic), op)(x), vec
         if op == "sigmoid":
             one = self._fconst(x.type, 1.0)
