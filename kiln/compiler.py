@@ -77,7 +77,7 @@ def lower_graph(graph: Graph, target: Target, num_threads: int, options: dict[st
     from kiln.graph.passes import run_graph_passes
     from kiln.kernel.build import build_program
     from kiln.runtime.memory import plan_memory
-    from kiln.schedule.default import schedule_kernel
+    from kiln.schedule.default import schedule_program
 
     t = t0 if t0 is not None else time.perf_counter()
     times: dict[str, float] = {}
@@ -93,8 +93,8 @@ def lower_graph(graph: Graph, target: Target, num_threads: int, options: dict[st
     lap("graph")
     out = Compiled(graph, timings=times)
     prog = build_program(graph, options)                                     # 3. lower + fuse → kernels
-    for k, names in zip(prog.kernels, prog.bindings):                        # 4. schedule each kernel
-        schedule_kernel(k, target, num_threads, options)
+    schedule_program(prog.kernels, target, num_threads, options)             # 4. schedule each distinct kernel
+    for k, names in zip(prog.kernels, prog.bindings):
         for b in k.scratch[len(names) - len(k.args):]:                       #    scratch the schedule added
             names.append(f"{k.name}.{b.name}")
             prog.buffers[names[-1]] = b

@@ -149,3 +149,29 @@ def schedule_kernel(k: Kernel, target: Target, threads: int, options: dict[str, 
     for i, c in enumerate(k.computes):
         k.body += schedule_compute(k, c, str(i), target, threads, options)
     return k
+
+
+def schedule_key(k: Kernel) -> str:
+    """Kernels with equal keys get equal schedules: the printed computes and buffers (kernel/build.py names
+    buffers b0, b1, … per kernel) and every hint but the node's name, with the kernel's own name left out."""
+    hints = [{h: v for h, v in c.hints.items() if h != "node"} for c in k.computes]
+    return str(k).replace(k.name, "K", 1) + repr(hints)
+
+
+def schedule_program(kernels: list[Kernel], target: Target, threads: int, options: dict[str, bool]) -> None:
+    """Schedule each distinct kernel once (ResNet's repeated blocks: resnet50's 83 kernels are 36 schedules);
+    a repeat takes the first one's loop nest, scratch buffers and microkernels (the nest is shared, not copied:
+    nothing after scheduling rewrites it)."""
+    first: dict[str, Kernel] = {}
+    for k in kernels:
+        key = schedule_key(k)
+        done = first.get(key)
+        if done is None:
+            first[key] = schedule_kernel(k, target, threads, options)
+            continue
+        k.body, k.scratch = done.body, list(done.scratch)
+        k.extern_ir, k.symbols = dict(done.extern_ir), list(done.symbols)
+        for mine, theirs in zip(k.computes, done.computes):
+            how = done.strategies.get(theirs.hints.get("node", theirs.out))
+            if how is not None:
+                k.strategies[mine.hints.get("node", mine.out)] = how
