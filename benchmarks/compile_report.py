@@ -1,9 +1,12 @@
 """Compile times (cold, then cached) and errors against onnxruntime for every zoo model and the nine `light`
-models that ship inside the onnx package (those against their shipped expected outputs).
+models that ship inside the onnx package (those against their shipped expected outputs); for the zoo models also
+Kiln's cold compile per stage (graph passes, lower + schedule + memory plan, LLVM IR emission, LLVM -O3 + machine
+code) beside onnxruntime's session creation and OpenVINO's compile_model (2 threads each).
 
-    python benchmarks/compile_report.py"""
+    python benchmarks/compile_report.py [--zoo-only] [MODEL ...]"""
 from __future__ import annotations
 
+import argparse
 import os
 import tempfile
 import time
@@ -29,18 +32,45 @@ def timed_compile(model: onnx.ModelProto, **kw: object) -> tuple[kiln.Executable
     return exe, time.perf_counter() - t
 
 
+def peer_session_s(model: onnx.ModelProto) -> tuple[float, float | None]:
+    """onnxruntime's InferenceSession creation and OpenVINO's read + compile_model, seconds (None: no OpenVINO)."""
+    data = model.SerializeToString()
+    so = ort.SessionOptions()
+    so.intra_op_num_threads, so.log_severity_level = 2, 3
+    t = time.perf_counter()
+    ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+    ort_s = time.perf_counter() - t
+    try:
+        import openvino as ov
+    except ImportError:
+        return ort_s, None
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "m.onnx")
+        with open(path, "wb") as f:
+            f.write(data)
+        t = time.perf_counter()
+        ov.Core().compile_model(ov.Core().read_model(path), "CPU", {"INFERENCE_NUM_THREADS": 2})
+        return ort_s, time.perf_counter() - t
+
+
 def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("models", nargs="*", default=zoo.names(), help="zoo model names (default: all)")
+    p.add_argument("--zoo-only", action="store_true", help="skip the onnx package's light models")
+    a = p.parse_args()
     os.environ["KILN_CACHE_DIR"] = tempfile.mkdtemp()
-    rows = []
-    for name in zoo.names():
+    rows, stages = [], []
+    for name in a.models:
         model, feeds = zoo.build(name), zoo.inputs(name)
-        _, cold = timed_compile(model)
+        cold_exe, cold = timed_compile(model)
         exe, warm = timed_compile(model)
         out, ref = exe.run(feeds)[0], ort_run(model, feeds)[0]
         err = float(np.abs(out - ref).max())
         rows.append((f"zoo:{name}", cold, f"{warm:.2f}", err, err / float(np.abs(ref).max())))
+        ort_s, ov_s = peer_session_s(model)
+        stages.append((f"zoo:{name}", cold, cold_exe.meta["compile_s"], ort_s, ov_s))
     light = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
-    for f in sorted(x for x in os.listdir(light) if x.endswith(".onnx")):
+    for f in sorted(x for x in os.listdir(light) if x.endswith(".onnx") and not a.zoo_only):
         model = onnx.load(os.path.join(light, f))
         exe, cold = timed_compile(model, cache=False)
         feeds = {exe.input_names[0]: np.random.default_rng(0).standard_normal(exe.inputs[0].shape).astype(np.float32)}
@@ -52,6 +82,11 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|")
     for name, cold, warm, err, rel in rows:
         print(f"| {name} | {cold:.2f} | {warm} | {err:.2e} | {rel:.2e} |")
+    print("\n| model | Kiln cold s | graph | lower | codegen | llvm | onnxruntime session s | OpenVINO compile s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name, cold, st, ort_s, ov_s in stages:
+        parts = " | ".join(f"{st.get(k, 0.0):.2f}" for k in ("graph", "lower", "codegen", "llvm"))
+        print(f"| {name} | {cold:.2f} | {parts} | {ort_s:.2f} | {'' if ov_s is None else f'{ov_s:.2f}'} |")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 GEMMs and transforms; packed-weight matmuls; the rest by op): the per-model breakdown of the closing notes.
 
     python benchmarks/profile_breakdown.py resnet18 resnet50 mobilenetv2 bert_base mlp [--strategy direct]
+    python benchmarks/profile_breakdown.py corpus:whisper corpus:llama:dynamo model.onnx   # corpus families, files
 
 Each model is compiled once (2 threads), warmed up, then profiled over --runs runs through Kiln's profile
 hook; GFLOP/s are the kernels' own FLOP counts (Winograd products: the multiply-adds they really execute)."""
@@ -27,6 +28,23 @@ def kernel_class(kernel_name: str, group) -> str:  # noqa: ANN001  (a fused grou
             "packedmatmul": "matmul (packed weights)"}.get(kind, kind)
 
 
+def load(name: str) -> tuple[object, dict]:
+    """A zoo name, `corpus:FAMILY[:EXPORTER]` (kiln/corpus, exported on first use) or an .onnx path (random feeds)."""
+    import numpy as np
+    import onnx
+
+    if name.startswith("corpus:"):
+        from kiln import corpus
+        fam, _, exporter = name[7:].partition(":")
+        return onnx.load(corpus.export(fam, exporter or "torchscript")), corpus.feeds(fam)
+    if name.endswith(".onnx"):
+        model = onnx.load(name)
+        c = lower(model, host(), 1, check_options({}), stop_after="kernels")
+        rng = np.random.default_rng(0)
+        return model, {v.name: rng.standard_normal(v.shape).astype(v.dtype) for v in c.graph.inputs}
+    return zoo.build(name), zoo.inputs(name)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("models", nargs="+")
@@ -35,7 +53,7 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=20)
     a = p.parse_args()
     for name in a.models:
-        model, feeds = zoo.build(name), zoo.inputs(name)
+        model, feeds = load(name)
         c = lower(model, host(), a.threads, check_options({}), strategy=a.strategy)
         exe = executable_of(c, host(), a.threads)
         cls = {k.name: kernel_class(k.name, g) for k, g in zip(c.program.kernels, c.program.groups)}

@@ -22,9 +22,9 @@ from kiln.target import Target, host, missing_features, resolve
 __version__ = "0.1.0"
 
 # every switch the pipeline understands (all on by default); `kiln bench --ablate` turns each off in turn
-PASS_OPTIONS: tuple[str, ...] = ("fold_constants", "fold_batchnorm", "block_layout", "winograd", "pack_weights",
-                                 "fusion", "fuse_elementwise", "fuse_epilogue", "fuse_axes", "vectorize",
-                                 "register_tile", "pack_operands", "parallel", "memory_reuse")
+PASS_OPTIONS: tuple[str, ...] = ("fold_constants", "fold_pad", "fold_batchnorm", "conv1d_as_2d", "block_layout",
+                                 "winograd", "pack_weights", "fusion", "fuse_elementwise", "fuse_epilogue", "fuse_axes",
+                                 "vectorize", "register_tile", "pack_operands", "parallel", "memory_reuse")
 
 Trace = Callable[[str, Any], None]
 
@@ -86,7 +86,7 @@ def lower_graph(graph: Graph, target: Target, num_threads: int, options: dict[st
     from kiln.graph.passes import run_graph_passes
     from kiln.kernel.build import build_program
     from kiln.runtime.memory import plan_memory
-    from kiln.schedule.default import schedule_kernel
+    from kiln.schedule.default import schedule_program
     from kiln.tune.apply import apply_tuning
 
     t = t0 if t0 is not None else time.perf_counter()
@@ -105,8 +105,8 @@ def lower_graph(graph: Graph, target: Target, num_threads: int, options: dict[st
     prog = build_program(graph, options)                                     # 3. lower + fuse → kernels
     applied = apply_tuning(prog, tuning, target, num_threads, options)       # 3b. tuned schedules (database)
     out.tuned = applied.tuned
-    for i, (k, names) in enumerate(zip(prog.kernels, prog.bindings)):        # 4. schedule each kernel
-        schedule_kernel(k, target, num_threads, options, applied.configs.get(i))
+    schedule_program(prog.kernels, target, num_threads, options, applied.configs)  # 4. each distinct kernel once
+    for k, names in zip(prog.kernels, prog.bindings):
         for b in k.scratch[len(names) - len(k.args):]:                       #    scratch the schedule added
             names.append(f"{k.name}.{b.name}")
             prog.buffers[names[-1]] = b

@@ -5,6 +5,7 @@ emitted once as a scalar) or *varying* (a vector of `lanes`). A load whose flat 
 with v becomes one vector load, a uniform one a scalar load broadcast on use, anything else a gather."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,7 +14,7 @@ from llvmlite import ir
 from kiln.codegen.bounds import BoundsChecker
 from kiln.codegen.mathfn import VectorMath
 from kiln.kernel.analysis import coef, flat_index, unclamped_index
-from kiln.kernel.ir import Addr, Bin, Cast, Const, Expr, Load, LocalRef, Reduce, Select, Un, Var, children
+from kiln.kernel.ir import Addr, Bin, Cast, Const, Expr, Load, LocalRef, Reduce, Select, Un, Var, children, substitute
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 F32, F64 = ir.FloatType(), ir.DoubleType()
@@ -27,6 +28,37 @@ _FCMP = {"<": "<", "<=": "<=", "==": "==", "!=": "!=", ">": ">", ">=": ">="}
 _LIBM_UNARY = {"exp": "llvm.exp", "log": "llvm.log", "sqrt": "llvm.sqrt", "sin": "llvm.sin", "cos": "llvm.cos",
                "floor": "llvm.floor", "ceil": "llvm.ceil", "round": "llvm.roundeven", "tanh": "llvm.tanh",
                "abs": "llvm.fabs"}
+
+
+class _Spelled(ir.Constant):
+    """A constant with its value (llvmlite checks shuffle masks by it) printed as `text` (zeroinitializer, poison)."""
+
+    def __init__(self, typ: ir.Type, value: object, text: str):
+        super().__init__(typ, value)
+        self.text = text
+
+    def _get_reference(self) -> str:
+        return self.text
+
+
+def _is_zero(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == 0 and str(float(v))[0] != "-"
+
+
+@functools.cache
+def vector_constant(elem: ir.Type, values: tuple) -> ir.Constant:
+    """One shared constant per (element type, lanes): llvmlite builds a Constant object per lane and formats them
+    all again on every use (resnet50: 300k lane objects for its splats). `zeroinitializer` when all lanes are +0."""
+    vt = ir.VectorType(elem, len(values))
+    if len(set(values)) == 1:  # llvmlite repeats one element Constant without building a list
+        one = ir.Constant(elem, values[0])
+        return _Spelled(vt, one, "zeroinitializer") if _is_zero(values[0]) else ir.Constant(vt, one)
+    return ir.Constant(vt, list(values))
+
+
+@functools.cache
+def poison(vt: ir.Type) -> ir.Constant:
+    return _Spelled(vt, None, "poison")
 
 
 def elem_bytes(mt: ir.Type) -> int:
@@ -62,6 +94,8 @@ class ExprEmitter:
         # variables: an unrolled tile re-emits each row's index arithmetic otherwise (resnet18: 240k instructions)
         self._emitted: dict[tuple, tuple[ir.Value, bool]] = {}
         self._free: dict[Expr, tuple[str, ...] | None] = {}
+        self._split: dict[tuple, tuple[Expr, tuple[tuple[str, int], ...]]] = {}
+        self._loads: dict[tuple, tuple[ir.Value, bool]] = {}
 
     # -- helpers -------------------------------------------------------------------------------------------------
     def vtype(self, t: ir.Type) -> ir.Type:
@@ -69,9 +103,13 @@ class ExprEmitter:
 
     def splat(self, x: ir.Value, lanes: int | None = None) -> ir.Value:
         n = lanes or self.vec.lanes
-        undef = ir.Constant(ir.VectorType(x.type, n), ir.Undefined)
+        if isinstance(x, ir.Constant) and not isinstance(x.constant, (list, tuple)):
+            return vector_constant(x.type, (x.constant,) * n)  # a constant vector, not two instructions per use
+        # `poison` / `zeroinitializer` spelled as such: llvmlite writes a vector constant out lane by lane, and the
+        # IR text (15 MB for resnet50) is what both Kiln's printer and LLVM's parser spend their time on
+        undef = poison(ir.VectorType(x.type, n))
         v = self.b.insert_element(undef, x, ir.Constant(I32, 0))
-        return self.b.shuffle_vector(v, undef, ir.Constant(ir.VectorType(I32, n), [0] * n))
+        return self.b.shuffle_vector(v, undef, vector_constant(I32, (0,) * n))
 
     def both(self, x: tuple[ir.Value, bool], y: tuple[ir.Value, bool]) -> tuple[ir.Value, ir.Value, bool]:
         if x[1] == y[1]:
@@ -115,7 +153,24 @@ class ExprEmitter:
                 self._free[e] = None if any(x is None for x in sub) else tuple(sorted({v for x in sub for v in x}))
         return self._free[e]
 
+    def forget_loads(self) -> None:
+        """A store or a call may have changed memory: loads emitted so far cannot be reused."""
+        self._loads.clear()
+
     def ev(self, e: Expr) -> tuple[ir.Value, bool]:
+        if isinstance(e, Load) and self.bounds is None and e not in self.preloaded:
+            # a load already emitted in this block at the same address (an unrolled tile reads its B vector once
+            # per row otherwise) — until the next store or call (forget_loads)
+            sub = [self.free_vars(i) for i in e.index]
+            if all(x is not None for x in sub):
+                names = {n for x in sub for n in x}
+                vec = self.vec
+                key = (e, self.b.block, tuple(self.env.get(n) for n in sorted(names)),
+                       (vec.var, vec.lanes, vec.base, vec.mask) if vec is not None and vec.var.name in names else None)
+                hit = self._loads.get(key)
+                if hit is None:
+                    hit = self._loads[key] = self._ev(e)
+                return hit
         if isinstance(e, (Bin, Un, Cast, Select)):
             names = self.free_vars(e)
             if names is not None:
@@ -134,7 +189,7 @@ class ExprEmitter:
         if isinstance(e, Var):
             if self.vec and e == self.vec.var:
                 n = self.vec.lanes
-                return self.b.add(self.splat(self.vec.base), ir.Constant(ir.VectorType(I64, n), list(range(n)))), True
+                return self.b.add(self.splat(self.vec.base), vector_constant(I64, tuple(range(n)))), True
             return self.env[e.name], False
         if isinstance(e, LocalRef):
             ptr, vec = self.local_slot(e.name, e.slot)
@@ -161,7 +216,7 @@ class ExprEmitter:
         if isinstance(e, Addr):
             assert self.vec is None, "an address is a scalar (a Call argument), not a vector lane"
             ptr, dtype, flat = self.address(e.buf, e.index)
-            return self.b.gep(ptr, [self.ev(flat)[0]], source_etype=MEMORY[dtype]), False
+            return self.b.gep(ptr, [self.index(flat)], source_etype=MEMORY[dtype]), False
         if isinstance(e, Reduce):
             raise AssertionError("Reduce must be hoisted before codegen")
         raise TypeError(f"cannot emit {type(e).__name__}")
@@ -196,7 +251,7 @@ class ExprEmitter:
         align = elem_bytes(mt)
         c = coef(flat, self.vec.var) if self.vec else 0
         if c == 0:
-            idx, _ = self.ev(flat) if not self.vec else self._uniform(flat)
+            idx = self.index(flat)  # uniform: a scalar even inside a vector loop
             if self.bounds:
                 val = self.bounds.scalar_load(ptr, idx, mt, align)
             else:
@@ -225,7 +280,7 @@ class ExprEmitter:
             mask = self.bounds.lanes(ptr, idx, mask)
         fn = self._decl(f"llvm.masked.gather.v{n}{self._tname(mt)}.v{n}p0", vt,
                         [ir.VectorType(PTR, n), I32, ir.VectorType(I1, n), vt])
-        all_on = ir.Constant(ir.VectorType(I1, n), [1] * n)
+        all_on = vector_constant(I1, (1,) * n)
         val = self.b.call(fn, [ptrs, ir.Constant(I32, align), mask if mask is not None else all_on, fill])
         return self._from_memory(val, dtype), True
 
@@ -296,7 +351,7 @@ class ExprEmitter:
         n = idx.type.count
         size = elem_bytes(mt)
         base = self.splat(self.b.ptrtoint(ptr, I64))
-        addr = self.b.add(base, self.b.mul(idx, ir.Constant(ir.VectorType(I64, n), [size] * n)))
+        addr = self.b.add(base, self.b.mul(idx, vector_constant(I64, (size,) * n)))
         return self.b.inttoptr(addr, ir.VectorType(PTR, n))
 
     def _uniform(self, e: Expr) -> tuple[ir.Value, bool]:
@@ -309,10 +364,35 @@ class ExprEmitter:
         saved, self.vec = self.vec, None
         self.env[saved.var.name] = saved.base
         try:
-            return self.ev(flat)[0]
+            return self.index(flat)
         finally:
             del self.env[saved.var.name]
             self.vec = saved
+
+    def index(self, flat: Expr) -> ir.Value:
+        """The scalar i64 value of a flat index. Its part affine in unrolled loop variables (bound to constants)
+        becomes one constant offset on a base emitted once per block: a 14-row tile's row r reads base + r·32,
+        not its own copy of the whole index arithmetic (resnet50: 27k adds in the IR before this)."""
+        base, coefs = self.affine_split(flat)
+        v = self.ev(base)[0]
+        off = sum(c * self.env[name].constant for name, c in coefs)
+        return self.b.add(v, ir.Constant(I64, off)) if off else v
+
+    def affine_split(self, flat: Expr) -> tuple[Expr, tuple[tuple[str, int], ...]]:
+        """flat = base + Σ coef·v over the loop variables v bound to constants in which flat is affine."""
+        names = self.free_vars(flat)
+        if not names:
+            return flat, ()
+        fixed = tuple(n for n in names if isinstance(self.env.get(n), ir.Constant))
+        if not fixed:
+            return flat, ()
+        key = (flat, fixed)
+        hit = self._split.get(key)
+        if hit is None:
+            coefs = tuple((n, c) for n in fixed if (c := coef(flat, Var(n))) is not None)
+            base = substitute(flat, {Var(n): Const(0, "int64") for n, _ in coefs}) if coefs else flat
+            hit = self._split[key] = (base, coefs)
+        return hit
 
     def _from_memory(self, val: ir.Value, dtype: str) -> ir.Value:
         if dtype == "bool":
@@ -379,7 +459,7 @@ class ExprEmitter:
             raise TypeError(f"{op} on {e.a.dtype}")
         if op == "neg":
             return B.fneg(x), vec
-        if vec and x.type.element == F32 and op in ("exp", "erf", "tanh", "sigmoid"):
+        if vec and x.type.element == F32 and op in ("exp", "log", "erf", "tanh", "sigmoid"):
             return getattr(VectorMath(B, self.intrinsic), op)(x), vec
         if op == "sigmoid":
             one = self._fconst(x.type, 1.0)

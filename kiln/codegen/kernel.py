@@ -8,7 +8,18 @@ from __future__ import annotations
 from llvmlite import ir
 
 from kiln.codegen.bounds import BoundsChecker
-from kiln.codegen.exprs import I32, I64, MEMORY, PTR, SCALAR, ExprEmitter, VectorCtx, elem_bytes, prefix_store
+from kiln.codegen.exprs import (
+    I32,
+    I64,
+    MEMORY,
+    PTR,
+    SCALAR,
+    ExprEmitter,
+    VectorCtx,
+    elem_bytes,
+    prefix_store,
+    vector_constant,
+)
 from kiln.codegen.loops import emit_loop
 from kiln.codegen.scalable import ScalableExprEmitter, loop_is_scalable, reduce_is_scalable
 from kiln.codegen.scalable import emit_vector_loop as emit_scalable_loop
@@ -97,6 +108,7 @@ class KernelEmitter:
                 self.loop(b, em, s)
             elif isinstance(s, Store):
                 self.store(b, em, s)
+                em.forget_loads()
             elif isinstance(s, Local):
                 t = SCALAR[s.dtype]
                 ptrs = [self.entry_alloca(b, em.vtype(t)) for _ in range(s.count)]
@@ -120,6 +132,7 @@ class KernelEmitter:
                 em.buffers[s.name] = (mem, s.dtype, s.shape)
             elif isinstance(s, Call):
                 self.call(b, em, s)
+                em.forget_loads()
             elif isinstance(s, If):
                 c, is_vec = em.ev(s.cond)
                 assert not is_vec, "If conditions must be uniform"
@@ -163,9 +176,9 @@ class KernelEmitter:
             return
         if not em.vec:
             if em.bounds:
-                em.bounds.scalar_store(val, ptr, em.ev(flat)[0], mt, align)
+                em.bounds.scalar_store(val, ptr, em.index(flat), mt, align)
             else:
-                b.store(val, b.gep(ptr, [em.ev(flat)[0]], source_etype=mt), align=align)
+                b.store(val, b.gep(ptr, [em.index(flat)], source_etype=mt), align=align)
             return
         if not is_vec:
             val = em.splat(val)
@@ -211,6 +224,7 @@ class KernelEmitter:
         if s.kind == "unroll" and isinstance(s.extent, Const):
             if not isinstance(em, ScalableExprEmitter) and (transposed_store_group(b, em, s)  # transpose.py
                                                              or transposed_load_group(b, em, s)):
+                em.forget_loads()
                 return
             for it in range(int(s.extent.value)):
                 em.env[name] = ir.Constant(I64, it)
@@ -238,7 +252,7 @@ class KernelEmitter:
             if s.masked:  # the remainder as one masked vector iteration
                 rem = b.sub(hi, main_end)
                 with b.if_then(b.icmp_signed(">", rem, ir.Constant(I64, 0))):
-                    lanes = ir.Constant(ir.VectorType(I64, n), list(range(n)))
+                    lanes = vector_constant(I64, tuple(range(n)))
                     mask = b.icmp_signed("<", lanes, em.splat(rem, n))
                     # a loop shorter than a vector (a 6-row tile in 8 lanes): the mask is a known prefix
                     known = all(isinstance(x, ir.Constant) and isinstance(x.constant, int) for x in (lo, hi))
@@ -280,7 +294,7 @@ class KernelEmitter:
         self.counted(b, lo, main_end, n, lambda i: step(i, None))
         rem = b.sub(hi, main_end)
         with b.if_then(b.icmp_signed(">", rem, ir.Constant(I64, 0))):
-            lanes = ir.Constant(ir.VectorType(I64, n), list(range(n)))
+            lanes = vector_constant(I64, tuple(range(n)))
             step(main_end, b.icmp_signed("<", lanes, em.splat(rem, n)))
         total = em.horizontal(op, b.load(part, typ=vt), dtype)
         ptr, _ = em.local_slot(upd.name, upd.slot)

@@ -277,5 +277,6 @@ def transposed_load_group(b: ir.IRBuilder, em: ExprEmitter, s: Loop) -> bool:
             fn = em._decl(f"llvm.masked.store.v{n}{em._tname(mt)}.p0", ir.VoidType(),
                           [vt, PTR, I32, ir.VectorType(I1, n)])
             b.call(fn, [v, p, ir.Constant(I32, elem_bytes(mt)), em.vec.mask])
+        em.forget_loads()  # the next row's loads may read what this one stored
     em.env[s.var.name] = ir.Constant(I64, 0)
     return True

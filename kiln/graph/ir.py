@@ -115,9 +115,17 @@ class Graph:
         return list(seen.values())
 
     def replace_uses(self, old: Value, new: Value) -> None:
+        self.replace_all_uses({id(old): new})
+
+    def replace_all_uses(self, new_of: dict[int, Value]) -> None:
+        """Every read of a value whose id is in `new_of` reads its replacement instead: one walk over the graph
+        for any number of replacements (a pass that replaced values one at a time was quadratic)."""
+        if not new_of:
+            return
         for n in self.nodes:
-            n.inputs = [new if v is old else v for v in n.inputs]
-        self.outputs = [new if v is old else v for v in self.outputs]
+            if any(id(v) in new_of for v in n.inputs):
+                n.inputs = [new_of.get(id(v), v) for v in n.inputs]
+        self.outputs = [new_of.get(id(v), v) for v in self.outputs]
 
     # -- checking and printing -----------------------------------------------------------------------------
     def verify(self) -> None:

@@ -80,7 +80,8 @@ def _rename_loads(e: Expr, canon: dict[str, str]) -> Expr:
         if x not in memo:
             kids = children(x)
             y = rebuild(x, [go(k) for k in kids]) if kids else x
-            memo[x] = Load(canon[y.buf], y.index, y.dtype) if isinstance(y, Load) else y
+            # only a Load itself is renamed: a rebuilt x + 0 may fold to its (already renamed) operand
+            memo[x] = Load(canon[y.buf], y.index, y.dtype) if isinstance(x, Load) else y
         return memo[x]
     return go(e)
 

@@ -194,7 +194,52 @@ BINARY: dict[str, Callable[[Expr, Expr], Expr]] = {
 def _pow(a: Expr, b: Expr) -> Expr:
     if a.dtype.startswith(("int", "uint")):  # integer powers go through double, as onnxruntime's do
         return Cast(a.dtype, Bin("pow", Cast("float64", a), _cast(b, "float64")))
+    if isinstance(b, Const) and np.isfinite(float(b.value)):
+        return _pow_const(a, float(b.value))
     return Bin("pow", a, _cast(b, a.dtype))
+
+
+MAX_POW_MULTIPLIES = 64  # |n| up to this: x^n by squaring (≤ 2·log2(n) multiplies, error ≈ their count in ulp)
+
+
+def _int_pow(x: Expr, n: int) -> Expr:
+    """x^n, n ≥ 1, by repeated squaring (x·x·x for n = 3)."""
+    out: Expr | None = None
+    sq = x
+    while n:
+        if n & 1:
+            out = sq if out is None else out * sq
+        n >>= 1
+        if n:
+            sq = sq * sq
+    assert out is not None
+    return out
+
+
+def _pow_const(x: Expr, e: float) -> Expr:
+    """pow(x, e) for a constant e without a per-lane libm call (llvm.pow.v16f32 is sixteen scalar powf calls):
+    integer e → multiplies, half-integer e → multiplies and one sqrt, a reciprocal for negative e; any other e →
+    exp(e·log|x|) on the vector exp/log (codegen/mathfn.py). C's pow at ±0 and ±inf kept exact."""
+    zero, inf, one = f(0.0, x), f(math.inf, x), f(1.0, x)
+    n2 = 2 * e
+    if n2 == int(n2) and abs(e) <= MAX_POW_MULTIPLIES:
+        whole, half = divmod(abs(int(n2)), 2)
+        if whole == 0 and half == 0:
+            return one                                   # pow(x, 0) = 1, even for NaN
+        parts = ([_int_pow(x, whole)] if whole else []) + ([Un("sqrt", x)] if half else [])
+        mag = parts[0] if len(parts) == 1 else parts[0] * parts[1]
+        r = one / mag if e < 0 else mag
+        if not half:
+            return r
+        r = Select(cmp("==", x, zero), zero if e > 0 else inf, r)    # pow(−0, k/2) = +0 (√−0 = −0)
+        return Select(cmp("==", x, -inf), zero if e < 0 else inf, r)  # √−inf is NaN, pow(−inf, k/2) is not
+    odd = e == int(e) and int(e) % 2 == 1
+    r = Un("exp", Un("log", Un("abs", x) if e == int(e) else x) * e)  # x < 0 (non-integer e), NaN → NaN
+    if odd:
+        r = Select(cmp("<", x, zero), -r, r)
+    big = inf if e > 0 else zero                         # pow at |x| = inf, and the overflow side
+    r = Select(cmp("==", Un("abs", x), inf), Select(cmp("<", x, zero), -big, big) if odd else big, r)
+    return Select(cmp("==", x, zero), zero if e > 0 else inf, r)  # pow at x = ±0 (the sign of −0 aside)
 
 
 def _mod(a: Expr, b: Expr, fmod: int) -> Expr:

@@ -181,3 +181,32 @@ def split_parallel(nest: list[Stmt], dec: Decisions, threads: int) -> list[Stmt]
     if not chunks:
         return nest
     return [replace(s, chunks=chunks) if isinstance(s, Loop) and s.kind == "parallel" else s for s in nest]
+
+
+def schedule_key(k: Kernel) -> str:
+    """Kernels with equal keys get equal schedules: the printed computes and buffers (kernel/build.py names
+    buffers b0, b1, … per kernel) and every hint but the node's name, with the kernel's own name left out."""
+    hints = [{h: v for h, v in c.hints.items() if h != "node"} for c in k.computes]
+    return str(k).replace(k.name, "K", 1) + repr(hints)
+
+
+def schedule_program(kernels: list[Kernel], target: Target, threads: int, options: dict[str, bool],
+                     configs: dict[int, Config] | None = None) -> None:
+    """Schedule each distinct kernel once (ResNet's repeated blocks: resnet50's 83 kernels are 36 schedules);
+    a repeat takes the first one's loop nest, scratch buffers, microkernels and decisions (the nest is shared, not
+    copied: nothing after scheduling rewrites it). `configs`: tuned knob settings by kernel index (step 3b); a
+    kernel with one is distinct from its untuned twin."""
+    first: dict[str, Kernel] = {}
+    for i, k in enumerate(kernels):
+        config = (configs or {}).get(i)
+        key = schedule_key(k) + (repr(sorted(config.items())) if config else "")
+        done = first.get(key)
+        if done is None:
+            first[key] = schedule_kernel(k, target, threads, options, config)
+            continue
+        k.body, k.scratch, k.decisions = done.body, list(done.scratch), done.decisions
+        k.extern_ir, k.symbols = dict(done.extern_ir), list(done.symbols)
+        for mine, theirs in zip(k.computes, done.computes):
+            how = done.strategies.get(theirs.hints.get("node", theirs.out))
+            if how is not None:
+                k.strategies[mine.hints.get("node", mine.out)] = how

@@ -7,9 +7,11 @@ from collections.abc import Callable
 
 from kiln.graph.ir import Graph
 from kiln.graph.passes.block_layout import block_layout
+from kiln.graph.passes.conv1d_as_2d import conv1d_as_2d
 from kiln.graph.passes.eliminate_dead_code import eliminate_dead_code
 from kiln.graph.passes.fold_batchnorm import fold_batchnorm
 from kiln.graph.passes.fold_constants import fold_constants
+from kiln.graph.passes.fold_pad import fold_pad
 from kiln.graph.passes.materialize_outputs import materialize_outputs
 from kiln.graph.passes.pack_weights import pack_weights
 from kiln.graph.passes.winograd import winograd_conv
@@ -21,8 +23,10 @@ Pass = Callable[..., Graph]  # Graph → Graph, optionally also given the Target
 GRAPH_PASSES: list[tuple[str, Pass]] = [
     ("fold_constants", fold_constants),
     ("eliminate_dead_code", eliminate_dead_code),
+    ("fold_pad", fold_pad),
     ("fold_batchnorm", fold_batchnorm),
     ("eliminate_dead_code", eliminate_dead_code),
+    ("conv1d_as_2d", conv1d_as_2d),
     ("block_layout", block_layout),
     ("winograd", winograd_conv),
     ("pack_weights", pack_weights),
