@@ -1,0 +1,99 @@
+"""Lowerings of the quantized core ops (kiln/graph/quant_ops.py) to compute definitions.
+
+    Quantize     y[i] = to(clamp(roundeven(x[i] / s[i]) + zp[i], lo, hi))      (a division, as onnxruntime's)
+    Dequantize   y[i] = f32(x[i] − zp[i]) · s[i]
+    MatMulInteger / ConvInteger: the int32 reduction Σ (x − zx)·(w − zw) in plain integer arithmetic — the
+    reference form, scheduled by the default schedule. The fast integer anchors (QMatMul, QConv: packed weights,
+    u8 × s8 dot products) are built by the graph pass quantize_qdq and lowered in kernel/lower_qanchor.py."""
+from __future__ import annotations
+
+from kiln.graph.ir import Node, Value
+from kiln.graph.quant_ops import qrange
+from kiln.kernel.ir import Bin, Buffer, Cast, Compute, Const, Expr, Load, Reduce, Select, Un, Var, cmp
+from kiln.kernel.lower import Lowered, _out, axes_for, bcast_index, clamp, ld, lowering
+
+
+def i32(e: Expr) -> Expr:
+    return e if e.dtype == "int32" else Cast("int32", e)
+
+
+def f32(e: Expr) -> Expr:
+    if isinstance(e, Const):
+        return Const(float(e.value), "float32")
+    return e if e.dtype == "float32" else Cast("float32", e)
+
+
+def quantize_expr(x: Expr, scale: Expr, zp: Expr, to: str) -> Expr:
+    lo, hi = qrange(to)
+    return Cast(to, clamp(Un("round", x / scale) + f32(zp), lo, hi))
+
+
+def dequantize_expr(x: Expr, scale: Expr, zp: Expr) -> Expr:
+    if x.dtype == "int32":
+        return f32(x - zp) * scale
+    if isinstance(zp, Const) and zp.value == 0:
+        return f32(x) * scale
+    return (f32(x) - f32(zp)) * scale
+
+
+@lowering("Quantize")
+def lower_quantize(n: Node) -> Lowered:
+    y, ax = _out(n)
+    x, s, zp = (ld(v, bcast_index(v.shape, ax)) for v in n.inputs)
+    return Lowered([Compute(y.name, ax, y.shape, quantize_expr(x, s, zp, n.attrs["to"]))])
+
+
+@lowering("Dequantize")
+def lower_dequantize(n: Node) -> Lowered:
+    y, ax = _out(n)
+    x, s, zp = (ld(v, bcast_index(v.shape, ax)) for v in n.inputs)
+    return Lowered([Compute(y.name, ax, y.shape, dequantize_expr(x, s, zp))])
+
+
+@lowering("MatMulInteger")
+def lower_matmul_integer(n: Node) -> Lowered:
+    (a, b, az, bz), (y, ax) = n.inputs, _out(n)
+    k = Var("rk")
+    batch = ax[:-2]
+    ia = bcast_index(a.shape[:-2], batch) + (ax[-2], k)
+    ib = bcast_index(b.shape[:-2], batch) + (k, ax[-1])
+    term = (i32(ld(a, ia)) - i32(ld(az, bcast_index(az.shape, ia)))) * \
+        (i32(ld(b, ib)) - i32(ld(bz, bcast_index(bz.shape, ib))))
+    return Lowered([Compute(y.name, ax, y.shape, Reduce("sum", ((k, a.shape[-1]),), term))])
+
+
+def padded_with(x: Value, pads: tuple[int, ...], fill: Expr, name: str) -> tuple[Compute | None, Buffer | None, str]:
+    """A copy of NCHW (or blocked) `x` padded spatially with `fill` (a quantized tensor's zero point: its 0.0)."""
+    nd = len(pads) // 2
+    if not any(pads):
+        return None, None, x.name
+    shape = x.shape[:2] + tuple(x.shape[2 + i] + pads[i] + pads[i + nd] for i in range(nd)) + x.shape[2 + nd:]
+    ax = axes_for(shape, "p")
+    src = [ax[0], ax[1]] + [ax[2 + i] - pads[i] for i in range(nd)]
+    inside: Expr | None = None
+    for i in range(nd):
+        c = Bin("and", cmp(">=", src[2 + i], 0), cmp("<", src[2 + i], x.shape[2 + i]))
+        inside = c if inside is None else Bin("and", inside, c)
+    safe = tuple(src[:2] + [clamp(src[2 + i], 0, x.shape[2 + i] - 1) for i in range(nd)]) + ax[2 + nd:]
+    body = Select(inside, Load(x.name, safe, x.dtype), fill)
+    return Compute(name, ax, shape, body), Buffer(name, x.dtype, shape), name
+
+
+@lowering("ConvInteger")
+def lower_conv_integer(n: Node) -> Lowered:
+    x, w, xz, wz = n.inputs
+    y, ax = _out(n)
+    a = n.attrs
+    nd = len(x.shape) - 2
+    cig, cog = w.shape[1], w.shape[0] // a["group"]
+    fill = ld(xz, ())
+    pre, tmp, src = padded_with(x, a["pads"], fill, f"{y.name}.pad")
+    ci = Var("rc")
+    ks = tuple(Var(f"rk{i}") for i in range(nd))
+    chan = ci if a["group"] == 1 else (ax[1] // cog) * cig + ci
+    sp = tuple(ax[2 + i] * a["strides"][i] + ks[i] * a["dilations"][i] for i in range(nd))
+    xs = Load(src, (ax[0], chan) + sp, x.dtype)
+    wi = (ax[1], ci) + ks
+    term = (i32(xs) - i32(fill)) * (i32(ld(w, wi)) - i32(ld(wz, bcast_index(wz.shape, wi))))
+    body = Reduce("sum", ((ci, cig),) + tuple(zip(ks, w.shape[2:])), term)
+    return Lowered(([pre] if pre else []) + [Compute(y.name, ax, y.shape, body)], [tmp] if tmp else [])
