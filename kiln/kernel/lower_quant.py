@@ -97,3 +97,43 @@ def lower_conv_integer(n: Node) -> Lowered:
     term = (i32(xs) - i32(fill)) * (i32(ld(w, wi)) - i32(ld(wz, bcast_index(wz.shape, wi))))
     body = Reduce("sum", ((ci, cig),) + tuple(zip(ks, w.shape[2:])), term)
     return Lowered(([pre] if pre else []) + [Compute(y.name, ax, y.shape, body)], [tmp] if tmp else [])
+
+
+# -- the integer anchors (graph/passes/quantize_qdq.py) in their plain layouts ------------------------------------------
+def _addend(n: Node, at: tuple[Expr, ...], acc: str) -> Expr:
+    """addend[n] (+ a_zp · negwsum[n] when the zero point is a run-time value)."""
+    e = ld(n.inputs[2], at)
+    if len(n.inputs) > 4:
+        e = e + i32(ld(n.inputs[4], ())) * ld(n.inputs[3], at)
+    return e
+
+
+def product(x: Expr, w: Expr, acc: str) -> Expr:
+    return (f32(x) * w) if acc == "float32" else (i32(x) * i32(w))
+
+
+@lowering("QMatMul")
+def lower_qmatmul(n: Node) -> Lowered:
+    (a, w), (y, ax) = n.inputs[:2], _out(n)
+    k = Var("rk")
+    ia = bcast_index(a.shape[:-2], ax[:-2]) + (ax[-2], k)
+    body = Reduce("sum", ((k, a.shape[-1]),), product(ld(a, ia), ld(w, (k, ax[-1])), "int32"))
+    return Lowered([Compute(y.name, ax, y.shape, body + _addend(n, (ax[-1],), "int32"))])
+
+
+@lowering("QConv")
+def lower_qconv(n: Node) -> Lowered:
+    x, w = n.inputs[:2]
+    y, ax = _out(n)
+    a = n.attrs
+    acc = a["acc"]
+    nd = len(x.shape) - 2
+    cig, cog = w.shape[1], w.shape[0] // a["group"]
+    pre, tmp, src = padded_with(x, a["pads"], Const(int(a["fill"]), x.dtype), f"{y.name}.pad")
+    ci = Var("rc")
+    ks = tuple(Var(f"rk{i}") for i in range(nd))
+    chan = ci if a["group"] == 1 else (ax[1] // cog) * cig + ci
+    sp = tuple(ax[2 + i] * a["strides"][i] + ks[i] * a["dilations"][i] for i in range(nd))
+    term = product(Load(src, (ax[0], chan) + sp, x.dtype), ld(w, (ax[1], ci) + ks), acc)
+    body = Reduce("sum", ((ci, cig),) + tuple(zip(ks, w.shape[2:])), term) + _addend(n, (ax[1],), acc)
+    return Lowered(([pre] if pre else []) + [Compute(y.name, ax, y.shape, body)], [tmp] if tmp else [])
