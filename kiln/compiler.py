@@ -20,9 +20,9 @@ from kiln.target import Target, host, missing_features, resolve
 __version__ = "0.1.0"
 
 # every switch the pipeline understands (all on by default); `kiln bench --ablate` turns each off in turn
-PASS_OPTIONS: tuple[str, ...] = ("quantize_qdq", "fold_constants", "fold_batchnorm", "block_layout", "winograd", "pack_weights",
-                                 "fusion", "fuse_elementwise", "fuse_epilogue", "fuse_axes", "vectorize",
-                                 "register_tile", "pack_operands", "parallel", "memory_reuse")
+PASS_OPTIONS: tuple[str, ...] = ("quantize_qdq", "fold_constants", "fold_batchnorm", "block_layout", "winograd",
+                                 "pack_weights", "fusion", "fuse_elementwise", "fuse_epilogue", "fuse_axes",
+                                 "vectorize", "register_tile", "pack_operands", "parallel", "memory_reuse")
 
 Trace = Callable[[str, Any], None]
 

@@ -99,8 +99,8 @@ def lower_conv_integer(n: Node) -> Lowered:
     return Lowered(([pre] if pre else []) + [Compute(y.name, ax, y.shape, body)], [tmp] if tmp else [])
 
 
-# -- the integer anchors (graph/passes/quantize_qdq.py) in their plain layouts ------------------------------------------
-def _addend(n: Node, at: tuple[Expr, ...], acc: str) -> Expr:
+# -- the integer anchors (graph/passes/quantize_qdq.py) in their plain layouts --------------------------------------
+def _addend(n: Node, at: tuple[Expr, ...]) -> Expr:
     """addend[n] (+ a_zp · negwsum[n] when the zero point is a run-time value)."""
     e = ld(n.inputs[2], at)
     if len(n.inputs) > 4:
@@ -118,7 +118,7 @@ def lower_qmatmul(n: Node) -> Lowered:
     k = Var("rk")
     ia = bcast_index(a.shape[:-2], ax[:-2]) + (ax[-2], k)
     body = Reduce("sum", ((k, a.shape[-1]),), product(ld(a, ia), ld(w, (k, ax[-1])), "int32"))
-    return Lowered([Compute(y.name, ax, y.shape, body + _addend(n, (ax[-1],), "int32"))])
+    return Lowered([Compute(y.name, ax, y.shape, body + _addend(n, (ax[-1],)))])
 
 
 @lowering("QConv")
@@ -135,5 +135,5 @@ def lower_qconv(n: Node) -> Lowered:
     chan = ci if a["group"] == 1 else (ax[1] // cog) * cig + ci
     sp = tuple(ax[2 + i] * a["strides"][i] + ks[i] * a["dilations"][i] for i in range(nd))
     term = product(Load(src, (ax[0], chan) + sp, x.dtype), ld(w, (ax[1], ci) + ks), acc)
-    body = Reduce("sum", ((ci, cig),) + tuple(zip(ks, w.shape[2:])), term) + _addend(n, (ax[1],), acc)
+    body = Reduce("sum", ((ci, cig),) + tuple(zip(ks, w.shape[2:])), term) + _addend(n, (ax[1],))
     return Lowered(([pre] if pre else []) + [Compute(y.name, ax, y.shape, body)], [tmp] if tmp else [])

@@ -99,7 +99,7 @@ def flip_activations(g: Graph, act: str) -> None:
             u.inputs[2] = _shift_zero_point(g, u.inputs[2], act)
 
 
-# -- 2. integer data movement -------------------------------------------------------------------------------------------
+# -- 2. integer data movement ---------------------------------------------------------------------------------------
 def integer_data_movement(g: Graph) -> None:
     """Q(op(DQ(x))) → op(x) for DATA_OPS and max pooling, Q(DQ(x)) → x, with equal scalar parameters."""
     users, outputs = g.consumers(), {id(v) for v in g.outputs}
