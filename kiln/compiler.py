@@ -197,6 +197,14 @@ def compile(model: onnx.ModelProto | str | bytes | os.PathLike, target: str | Ta
     return exe
 
 
+def _int8_meta(g: Graph, tgt: Target) -> str | None:
+    """How this build's 8-bit dot products run (VNNI or the named fallback), when it has integer anchors."""
+    if not any(n.op in ("QConv", "QMatMul", "QPackedConv", "QPackedMatMul") for n in g.nodes):
+        return None
+    from kiln.codegen.int8 import dot_method
+    return dot_method(tgt)
+
+
 def executable_of(c: Compiled, tgt: Target, threads: int, bounds_check: bool = False):  # noqa: ANN201
     """Load the machine code of a lowered model into this process, with the metadata `run`/`save` need."""
     from kiln.codegen.bounds import buffer_names
@@ -211,6 +219,7 @@ def executable_of(c: Compiled, tgt: Target, threads: int, bounds_check: bool = F
         "symbols": sorted({s for k in c.program.kernels for s in k.symbols}),
         "strategies": {node: how for k in c.program.kernels for node, how in k.strategies.items()},
         "bounds_check": bool(bounds_check),
+        "int8": _int8_meta(g, tgt),
         "bounds_buffers": buffer_names(c.program) if bounds_check else [],
     }
     return Executable(c.obj, c.plan.weights, meta, tgt)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from kiln.graph.ir import Node, Value
 from kiln.graph.quant_ops import qrange
 from kiln.kernel.ir import Bin, Buffer, Cast, Compute, Const, Expr, Load, Reduce, Select, Un, Var, cmp
-from kiln.kernel.lower import Lowered, _out, axes_for, bcast_index, clamp, ld, lowering
+from kiln.kernel.lower import Lowered, _out, axes_for, bcast_index, clamp, guarded_window, ld, lowering
 
 
 def i32(e: Expr) -> Expr:
@@ -137,3 +137,53 @@ def lower_qconv(n: Node) -> Lowered:
     term = product(Load(src, (ax[0], chan) + sp, x.dtype), ld(w, (ax[1], ci) + ks), acc)
     body = Reduce("sum", ((ci, cig),) + tuple(zip(ks, w.shape[2:])), term) + _addend(n, (ax[1],))
     return Lowered(([pre] if pre else []) + [Compute(y.name, ax, y.shape, body)], [tmp] if tmp else [])
+
+
+@lowering("QPackedMatMul")
+def lower_qpacked_matmul(n: Node) -> Lowered:
+    """out[.., m, n] = Σ_k a[.., m, k] · Bp[n // NR, k // 4, n % NR, k % 4] + addend[n]: the VNNI layout
+    (graph/quant_pack.py), scheduled by schedule/int8.py as dot products of k-groups of 4."""
+    (a, bp), (y, ax) = n.inputs[:2], _out(n)
+    nr, k = n.attrs["nr"], Var("rk")
+    j = ax[-1]
+    ia = bcast_index(a.shape[:-2], ax[:-2]) + (ax[-2], k)
+    w = Load(bp.name, (j // nr, k // 4, j % nr, k % 4), bp.dtype)
+    body = Reduce("sum", ((k, a.shape[-1]),), product(ld(a, ia), w, "int32")) + _addend(n, (j,))
+    hints = {"int8": "matmul", "nr": nr, "n_axis": -1, "m_axis": -2}
+    return Lowered([Compute(y.name, ax, y.shape, body, hints=hints)])
+
+
+@lowering("QPackedConv")
+def lower_qpacked_conv(n: Node) -> Lowered:
+    """Blocked in and out (graph/passes/block_layout.py): out[b, cob, oh, ow, coi] =
+      dense      Σ_{cib, kh, kw, ci} X[b, cib, oh·s + kh·d, ow·s + kw·d, ci] ·
+                 Wp[cob, cib, kh, kw, ci // 4, coi, ci % 4] on a copy of X padded with its zero point (int32);
+      depthwise  Σ_{kh, kw} f32(X[b, cob, ih, iw, coi]) · Wd[cob, kh, kw, coi], padding read through guards that
+                 yield the zero point (float32, on the float depthwise tile of schedule/tile.py);
+    plus addend[co]. The hints are PackedConv's (schedule/tile.py, schedule/int8.py)."""
+    x, wp = n.inputs[0], n.inputs[1]
+    y, ax = _out(n)
+    a = n.attrs
+    nr, ib = a["nr"], a["in_block"]
+    b, cob, coi = ax[0], ax[1], ax[-1]
+    sp_out = ax[2:4]
+    ks = (Var("rk0"), Var("rk1"))
+    sp = tuple(sp_out[i] * a["strides"][i] + ks[i] * a["dilations"][i] for i in range(2))
+    taps = tuple(zip(ks, a["kernel"]))
+    fill = Const(int(a["fill"]), x.dtype)
+    pre = tmp = None
+    if a["depthwise"]:
+        xs = guarded_window(x, (b, cob), tuple(p - a["pads"][i] for i, p in enumerate(sp)), (coi,), int(a["fill"]))
+        body = Reduce("sum", taps, product(xs, Load(wp.name, (cob,) + ks + (coi,), wp.dtype), "float32"))
+    else:
+        pre, tmp, src = padded_with(x, a["pads"], fill, f"{y.name}.pad")
+        cib, cii = Var("rcb"), Var("rc")
+        xs = Load(src, (b, cib) + sp + (cii,), x.dtype)
+        w = Load(wp.name, (cob, cib) + ks + (cii // 4, coi, cii % 4), wp.dtype)
+        body = Reduce("sum", ((cib, x.shape[1]),) + taps + ((cii, ib),), product(xs, w, "int32"))
+    body = body + _addend(n, (cob * nr + coi,))
+    hints = {"nr": nr, "n_axis": -1, "m_axis": -2, "in_block": ib, "out_block": nr, "depthwise": a["depthwise"],
+             "spatial": (-3, -2)}
+    if not a["depthwise"]:
+        hints["int8"] = "conv"
+    return Lowered(([pre] if pre else []) + [Compute(y.name, ax, y.shape, body, hints=hints)], [tmp] if tmp else [])

@@ -42,6 +42,8 @@ import numpy as np
 from kiln.graph.ir import Graph, Node, TensorType, Value
 from kiln.graph.ops import infer
 from kiln.graph.quant_ops import activation_dtype, dequantize_np
+from kiln.graph.quant_pack import INT8_K_GROUP, pack_qmatmul
+from kiln.strategy import strategy_of
 from kiln.target import Target
 
 # single-input ops that commute with a per-tensor (de)quantization with the same parameters (max pooling is
@@ -293,11 +295,40 @@ def _integer_op_anchor(g: Graph, n: Node, act: str, new: list[Node]) -> Value | 
     return q.outputs[0]
 
 
+def packed_matmul(g: Graph, q: Node, target: Target) -> Node:
+    """QMatMul → QPackedMatMul (weights in the VNNI layout, graph/quant_pack.py) for the direct and ukernel
+    strategies on fixed-width targets; a library call takes the plain weights."""
+    w = q.inputs[1]
+    if target.scalable or strategy_of(q.attrs).startswith("library") or w.const is None:
+        return q
+    nr = 2 * target.lanes(32)
+    bp = _const(g, pack_qmatmul(w.const, nr), w.name + ".packed")
+    return _node(g, "QPackedMatMul", [q.inputs[0], bp] + q.inputs[2:],
+                 {**q.attrs, "n": w.shape[1], "nr": nr, "k": w.shape[0]}, q.name)
+
+
+def pad_channels(g: Graph, q: Node, new: list[Node]) -> Node:
+    """A dense QConv whose input channels are not a multiple of 4 (an RGB stem) reads them padded with its zero
+    point, against zero weights: then every 4-byte group of its blocked input is whole."""
+    x, w = q.inputs[0], q.inputs[1]
+    ci = x.shape[1]
+    if q.attrs["group"] != 1 or ci % INT8_K_GROUP == 0 or q.attrs["acc"] != "int32":
+        return q
+    extra = -ci % INT8_K_GROUP
+    pad = _node(g, "Pad", [x], {"pads": (0, 0, 0, 0, 0, extra, 0, 0), "mode": "constant",
+                                "value": q.attrs["fill"]}, f"{q.name}.pad_channels")
+    wp = np.zeros((w.shape[0], ci + extra) + w.shape[2:], np.int8)
+    wp[:, :ci] = w.const
+    new.append(pad)
+    return _node(g, "QConv", [pad.outputs[0], _const(g, wp, w.name + ".padded")] + q.inputs[2:], q.attrs, q.name)
+
+
 ANCHORS = {"Conv": _conv_anchor, "MatMul": _matmul_anchor, "MatMulInteger": _integer_op_anchor,
            "ConvInteger": _integer_op_anchor}
 
 
-def integer_anchors(g: Graph, act: str) -> None:
+def integer_anchors(g: Graph, target: Target) -> None:
+    act = activation_dtype(target)
     nodes: list[Node] = []
     for n in g.nodes:
         new: list[Node] = []
@@ -305,6 +336,17 @@ def integer_anchors(g: Graph, act: str) -> None:
         if y is None:
             nodes.append(n)
             continue
+        for i, m in enumerate(new):  # the anchor in its final form: packed weights, whole 4-byte groups
+            if m.op in ("QMatMul", "QConv"):
+                pre: list[Node] = []
+                final = packed_matmul(g, m, target) if m.op == "QMatMul" else pad_channels(g, m, pre)
+                if final is not m:
+                    new[i:i + 1] = pre + [final]
+                    for later in new:
+                        later.inputs = [final.outputs[0] if v is m.outputs[0] else v for v in later.inputs]
+                    if y is m.outputs[0]:
+                        y = final.outputs[0]
+                break
         nodes += new
         g.replace_uses(n.outputs[0], y)  # the readers of n's output all come later in g.nodes (topological order)
     g.nodes = nodes
@@ -346,9 +388,8 @@ def fold_requantize(g: Graph) -> None:
 def quantize_qdq(g: Graph, target: Target) -> Graph:
     if not any(n.op in ("Dequantize", "MatMulInteger", "ConvInteger") for n in g.nodes):
         return g
-    act = activation_dtype(target)
-    flip_activations(g, act)
+    flip_activations(g, activation_dtype(target))
     integer_data_movement(g)
-    integer_anchors(g, act)
+    integer_anchors(g, target)
     fold_requantize(g)
     return g
