@@ -1,6 +1,7 @@
 """Kiln: a deep-learning compiler for CPUs (ONNX → graph IR → loop IR → LLVM → native vector code)."""
 from kiln.compiler import PASS_OPTIONS, __version__, compile
 from kiln.errors import BoundsError, KilnError, ModelError, TargetError, UnsupportedOperator
+from kiln.quantization import quantization_report, quantize
 from kiln.runtime.executable import Executable
 from kiln.strategy import STRATEGIES
 
@@ -11,4 +12,4 @@ def load(path: str, num_threads: int | None = None) -> Executable:
 
 
 __all__ = ["compile", "load", "Executable", "KilnError", "ModelError", "UnsupportedOperator", "BoundsError",
-           "TargetError", "PASS_OPTIONS", "STRATEGIES", "__version__"]
+           "TargetError", "quantize", "quantization_report", "PASS_OPTIONS", "STRATEGIES", "__version__"]
