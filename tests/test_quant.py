@@ -14,10 +14,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import C, check, make_model, op_model, rand, run_kiln, run_ort, width_runs
 from onnx import helper, numpy_helper
 
 import kiln
+from conftest import C, check, make_model, op_model, rand, run_kiln, run_ort, width_runs
 from kiln.compiler import check_options, lower
 from kiln.errors import KilnError
 from kiln.target import resolve
@@ -188,8 +188,13 @@ def samples(model: onnx.ModelProto, n: int, seed: int) -> list[dict[str, np.ndar
 
 def ort_quantized(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]] | None) -> onnx.ModelProto:
     """onnxruntime's quantize_static (QDQ, S8S8, per-channel) or, with feeds None, quantize_dynamic."""
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic, \
-        quantize_static
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_dynamic,
+        quantize_static,
+    )
 
     class Reader(CalibrationDataReader):
         def __init__(self) -> None:
