@@ -313,3 +313,21 @@ def test_kiln_quantize_errors() -> None:
         kiln.quantize(m, [{"y": np.zeros((1, 3, 16, 16), np.float32)}])
     with pytest.raises(ValueError, match="method must be one of"):
         kiln.quantize(m, samples(m, 1, 0), method="mse")
+
+
+def test_cli_quantize_flags(tmp_path, capsys) -> None:  # noqa: ANN001
+    from kiln.cli import main
+
+    m = convnet()
+    onnx.save(m, tmp_path / "m.onnx")
+    np.savez(tmp_path / "cal.npz", x=np.stack([f["x"] for f in samples(m, 4, 1)]))
+    out = str(tmp_path / "m.kiln")
+    assert main(["compile", str(tmp_path / "m.onnx"), "--quantize", "int8", "--calibrate", str(tmp_path / "cal.npz"),
+                 "-o", out]) == 0
+    assert kiln.load(out).meta["int8"]  # integer anchors were built
+    assert main(["compile", str(tmp_path / "m.onnx"), "--quantize", "int8", "-o", out]) == 2
+    assert "needs calibration data" in capsys.readouterr().err
+    (tmp_path / "bad.npz").write_bytes(b"not an npz")
+    assert main(["compile", str(tmp_path / "m.onnx"), "--quantize", "int8", "--calibrate",
+                 str(tmp_path / "bad.npz"), "-o", out]) == 2
+    assert "bad.npz: not a readable .npz" in capsys.readouterr().err
