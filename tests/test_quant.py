@@ -331,3 +331,13 @@ def test_cli_quantize_flags(tmp_path, capsys) -> None:  # noqa: ANN001
     assert main(["compile", str(tmp_path / "m.onnx"), "--quantize", "int8", "--calibrate",
                  str(tmp_path / "bad.npz"), "-o", out]) == 2
     assert "bad.npz: not a readable .npz" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("strategy", ["ukernel", "library"])
+def test_int8_anchor_other_strategies_fall_back_to_direct(strategy: str) -> None:
+    x = rand(1, 8, 9, 7, lo=0, hi=255, dtype="uint8")
+    m = qlinear_conv_model(x, 16, 1, "uint8", True)
+    got = compare(m, {"x": x}, strategy=strategy)
+    assert got is not None
+    exe = kiln.compile(m, strategy=strategy)
+    assert set(exe.meta["strategies"].values()) == {"direct"}, exe.meta["strategies"]

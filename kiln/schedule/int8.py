@@ -20,9 +20,12 @@ Rows (MR) and lanes (NR) as the float tile (schedule/tile.py: pick_mr, flatten_r
 edge rows clamp their reads and guard their stores; the epilogue (int32 → float, scale, bias, activation,
 round, clamp, narrowing store) runs on the accumulators while they are in registers.
 
-Strategies (hint `strategy`): direct here; `ukernel` calls an int8 microkernel (kiln/ukernels/x86_int8.py,
-schedule/int8_ukernel.py); `library` an integer GEMM where one is installed (schedule/int8_library.py).
-Returns None (the default schedule then runs the plain integer loops) where the form does not match."""
+Strategies: only direct emission exists for the integer anchors so far; an anchor asked for `ukernel` or `library`
+is built here and recorded as "direct" in exe.meta["strategies"]. A microkernel (an x86 int8 one, or AMX
+`tdpbusd` from kiln/ukernels/amx.py) plugs in where this tile's k-loop is: it reads A rows of u8 ([M][K], K
+contiguous, 4-byte groups) and the packed panel Bp[n // NR] ([K/4][NR][4] int8, graph/quant_pack.py), and
+accumulates the int32 MR×NR tile that the epilogue below then requantizes. Returns None (the default schedule
+then runs the plain integer loops) where the form does not match."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -107,19 +110,9 @@ def schedule_int8(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
     """The loop nest of an integer anchor by its strategy, or None (the default schedule then builds it)."""
     if int8_form(c) is None or target.scalable:
         return None
-    strategy = str(c.hints.get("strategy", "direct"))
     node = c.hints.get("node", c.out)
-    if strategy == "ukernel":
-        from kiln.schedule.int8_ukernel import schedule_int8_ukernel
-        nest = schedule_int8_ukernel(k, c, tag, target, threads, options)
-        if nest is not None:
-            k.strategies[node] = "ukernel"
-            return nest
-    elif strategy.startswith("library"):
-        from kiln.schedule.int8_library import schedule_int8_library
-        nest = schedule_int8_library(k, c, tag, target, threads, options, strategy)
-        if nest is not None:
-            return nest
+    # strategy "ukernel" / "library" have no int8 form yet: the anchor is emitted directly and exe.meta["strategies"]
+    # says "direct" for it (as for any anchor a strategy does not apply to)
     if not (options.get("register_tile", True) and options.get("vectorize", True)):
         return None
     k.strategies[node] = "direct"

@@ -43,7 +43,6 @@ from kiln.graph.ir import Graph, Node, TensorType, Value
 from kiln.graph.ops import infer
 from kiln.graph.quant_ops import activation_dtype, dequantize_np
 from kiln.graph.quant_pack import INT8_K_GROUP, pack_qmatmul
-from kiln.strategy import strategy_of
 from kiln.target import Target
 
 # single-input ops that commute with a per-tensor (de)quantization with the same parameters (max pooling is
@@ -296,10 +295,10 @@ def _integer_op_anchor(g: Graph, n: Node, act: str, new: list[Node]) -> Value | 
 
 
 def packed_matmul(g: Graph, q: Node, target: Target) -> Node:
-    """QMatMul → QPackedMatMul (weights in the VNNI layout, graph/quant_pack.py) for the direct and ukernel
-    strategies on fixed-width targets; a library call takes the plain weights."""
+    """QMatMul → QPackedMatMul (weights in the VNNI layout, graph/quant_pack.py) on fixed-width targets (every
+    strategy: the integer anchors are emitted directly, schedule/int8.py)."""
     w = q.inputs[1]
-    if target.scalable or strategy_of(q.attrs).startswith("library") or w.const is None:
+    if target.scalable or w.const is None:
         return q
     nr = 2 * target.lanes(32)
     bp = _const(g, pack_qmatmul(w.const, nr), w.name + ".packed")
