@@ -114,6 +114,8 @@ def report(name: str, a: argparse.Namespace) -> None:
         print(f"top-1 agreement with Kiln fp32: kiln-int8 {100 * np.mean(k_a.argmax(-1) == top):.1f} %, "
               f"ort-int8 {100 * np.mean(o_a.argmax(-1) == top):.1f} %")
 
+    if a.rounds == 0:  # quality only
+        return
     f = quality[0]
     runners = {"kiln-int8": lambda: exe_q.run(f), "kiln-fp32": lambda: exe_f.run(f),
                "ort-int8": lambda: s_q.run(None, f), "ort-fp32": lambda: s_f.run(None, f)}
@@ -129,7 +131,7 @@ def main() -> None:
     p.add_argument("workloads", nargs="*", default=["conv_r50_3x3", "gemm_1024"])
     p.add_argument("--calib", type=int, default=100)
     p.add_argument("--quality", type=int, default=500)
-    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--rounds", type=int, default=7, help="timing rounds (0: quality only)")
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--target", default="host")
