@@ -341,3 +341,28 @@ def test_int8_anchor_other_strategies_fall_back_to_direct(strategy: str) -> None
     assert got is not None
     exe = kiln.compile(m, strategy=strategy)
     assert set(exe.meta["strategies"].values()) == {"direct"}, exe.meta["strategies"]
+
+
+# -- cross ISAs (qemu) -----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("features,instr", [("+neon,+fp-armv8,+dotprod", "sdot"),
+                                            pytest.param("+neon,+fp-armv8", None, marks=pytest.mark.slow)])
+def test_int8_aarch64_under_qemu(tmp_path, features: str, instr: str | None) -> None:  # noqa: ANN001
+    """AArch64 with dotprod: SDOT (s8 × s8, activations signed there); without it: LLVM's widening multiply-adds.
+    Exact against onnxruntime (integer outputs)."""
+    import dataclasses
+
+    import kiln.cross as kc
+    from kiln.codegen.int8 import dot_method
+    from kiln.cross import have_toolchain
+
+    if have_toolchain("aarch64"):
+        pytest.skip(have_toolchain("aarch64"))
+    t = dataclasses.replace(resolve("aarch64-neon"), features=features)
+    assert ("sdot" in dot_method(t)) == (instr == "sdot")
+    x = rand(1, 8, 9, 7, lo=-128, hi=127, dtype="int8")
+    m = qlinear_conv_model(x, 16, 1, "int8", True)
+    b = kc.build_binary(m, t, str(tmp_path / "conv"))
+    outs, _ = kc.run_qemu(b, {"x": x})
+    assert np.array_equal(outs[0], run_ort(m, {"x": x})[0])
+    asm = (tmp_path / "conv" / "model.s").read_text()
+    assert (instr in asm) if instr else ("sdot" not in asm)
