@@ -366,3 +366,15 @@ def test_int8_aarch64_under_qemu(tmp_path, features: str, instr: str | None) -> 
     assert np.array_equal(outs[0], run_ort(m, {"x": x})[0])
     asm = (tmp_path / "conv" / "model.s").read_text()
     assert (instr in asm) if instr else ("sdot" not in asm)
+
+
+def test_isa_int8_report() -> None:
+    """The int8 ISA table finds each ISA's dot-product hot loop; a wider dot product costs fewer instructions per
+    multiply-accumulate (VNNI zmm < AVX-VNNI ymm < the SSE pmaddwd fallback; SDOT < NEON widening MACs)."""
+    from kiln.isa.int8 import markdown, report
+
+    rows = {r.label: r for r in report(32, 128, 64)}
+    ipm = {label: r.instructions_per_mac for label, r in rows.items()}
+    assert all(r.macs > 0 for r in rows.values()), markdown(list(rows.values()))
+    assert ipm["x86 AVX-512 VNNI (avx512)"] < ipm["x86 AVX-VNNI (avx2)"] < ipm["x86 SSE, no VNNI (sse)"]
+    assert ipm["AArch64 NEON + dotprod"] < ipm["AArch64 NEON"]
