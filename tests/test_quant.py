@@ -378,3 +378,18 @@ def test_isa_int8_report() -> None:
     assert all(r.macs > 0 for r in rows.values()), markdown(list(rows.values()))
     assert ipm["x86 AVX-512 VNNI (avx512)"] < ipm["x86 AVX-VNNI (avx2)"] < ipm["x86 SSE, no VNNI (sse)"]
     assert ipm["AArch64 NEON + dotprod"] < ipm["AArch64 NEON"]
+
+
+def test_nncf_qdq_convnet() -> None:
+    """NNCF's post-training quantization (QuantizeLinear/DequantizeLinear pairs, Gemm, fast bias correction):
+    within 1 step of the last quantized tensor of onnxruntime running the QDQ graph as written."""
+    nncf = pytest.importorskip("nncf")
+    m = convnet()
+    q = nncf.quantize(m, nncf.Dataset(samples(m, 8, 1)), subset_size=8)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    literal = ort.InferenceSession(q.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    exe = kiln.compile(q)
+    assert set(exe.meta["strategies"]) and exe.meta["int8"]  # integer anchors were built
+    for f in samples(m, 3, 2):
+        assert_steps(exe.run(f)[0], literal.run(None, f)[0], last_step(q))
