@@ -380,6 +380,7 @@ def test_isa_int8_report() -> None:
     assert ipm["AArch64 NEON + dotprod"] < ipm["AArch64 NEON"]
 
 
+@pytest.mark.slow  # importing NNCF alone takes ~10 s
 def test_nncf_qdq_convnet() -> None:
     """NNCF's post-training quantization (QuantizeLinear/DequantizeLinear pairs, Gemm, fast bias correction):
     within 1 step of the last quantized tensor of onnxruntime running the QDQ graph as written."""
