@@ -55,8 +55,8 @@ def dot_method(target: Target) -> str:
         return "vpdpbusd (AVX-VNNI, 256-bit)" if "avxvnni" in f and target.vector_bits < 512 \
             else "vpdpbusd (AVX-512 VNNI + VL, 256-bit)"
     if target.arch == "x86_64":
-        return ("no VNNI on this target: u8/s8 widened to int16 and multiplied with pmaddwd (exact, about 4 "
-                "instructions per 4 products)")
+        return ("no VNNI on this target: u8/s8 widened to int16 and multiplied with pmaddwd (exact, no "
+                "saturation; about 18x the instructions per multiply-accumulate of vpdpbusd: python -m kiln.isa.int8)")
     if target.arch == "aarch64" and "dotprod" in f and not target.scalable:
         return "sdot (AArch64 dotprod)"
     return f"no 8-bit dot product on {target.name}: widening multiply-adds (LLVM's choice)"
