@@ -1,6 +1,7 @@
 """Kiln: a deep-learning compiler for CPUs (ONNX → graph IR → loop IR → LLVM → native vector code)."""
 from kiln.compiler import PASS_OPTIONS, __version__, compile
 from kiln.errors import BoundsError, KilnError, ModelError, TargetError, UnsupportedOperator
+from kiln.quantization import quantization_report, quantize
 from kiln.runtime.executable import Executable
 from kiln.strategy import STRATEGIES
 
@@ -19,4 +20,5 @@ def load(path: str, num_threads: int | None = None) -> Executable:
 
 
 __all__ = ["compile", "load", "from_torch", "Executable", "KilnError", "ModelError", "UnsupportedOperator",
-           "BoundsError", "TargetError", "PASS_OPTIONS", "STRATEGIES", "__version__"]
+           "BoundsError", "TargetError", "quantize", "quantization_report", "PASS_OPTIONS", "STRATEGIES",
+           "__version__"]

@@ -8,14 +8,36 @@ import time
 import numpy as np
 
 
-def _model(spec: str):  # noqa: ANN202 - returns onnx.ModelProto
-    """`zoo:NAME` builds a built-in model; anything else is a path to an .onnx file."""
+def _model(spec: str, args: argparse.Namespace | None = None):  # noqa: ANN202 - returns onnx.ModelProto
+    """`zoo:NAME` builds a built-in model; anything else is a path to an .onnx file. With `--quantize int8`, the
+    model kiln.quantize makes of it with the `--calibrate` samples."""
     from kiln.frontend.onnx import load_model
 
     if spec.startswith("zoo:"):
         from kiln import zoo
-        return zoo.build(spec[4:])
-    return load_model(spec)
+        model = zoo.build(spec[4:])
+    else:
+        model = load_model(spec)
+    if args is None or not getattr(args, "quantize", None):
+        return model
+    import kiln
+    return kiln.quantize(model, calibration_samples(getattr(args, "calibrate", None)), method=args.calib_method)
+
+
+def calibration_samples(path: str | None) -> list[dict[str, np.ndarray]]:
+    """Feeds from an .npz whose arrays are named after the model's inputs, each [N, *input shape]: N samples."""
+    if not path:
+        raise ValueError("--quantize int8 needs calibration data: --calibrate DATA.npz (arrays named after the "
+                         "model's inputs, each with a leading sample axis)")
+    try:
+        data = dict(np.load(path))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--calibrate {path}: not a readable .npz file ({e})") from e
+    counts = {k: len(v) for k, v in data.items() if v.ndim >= 1}
+    if not counts or len(set(counts.values())) != 1 or len(counts) != len(data):
+        raise ValueError(f"--calibrate {path}: every array needs the same leading sample axis, got "
+                         f"{ {k: v.shape for k, v in data.items()} }")
+    return [{k: v[i] for k, v in data.items()} for i in range(next(iter(counts.values())))]
 
 
 def _feeds(exe, spec: str, inputs: list[str] | None) -> dict[str, np.ndarray]:  # noqa: ANN001
@@ -80,9 +102,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
     cross = _cross_target(args)
     if cross is not None:
         from kiln.cross.cli import compile_cross
-        return compile_cross(args, _model(args.model), cross, {name: False for name in (args.disable or [])})
+        return compile_cross(args, _model(args.model, args), cross, {name: False for name in (args.disable or [])})
     t = time.perf_counter()
-    exe = kiln.compile(_model(args.model), target=args.target or "host", num_threads=args.threads,
+    exe = kiln.compile(_model(args.model, args), target=args.target or "host", num_threads=args.threads,
                        cache=not args.no_cache, **_options(args))
     exe.save(args.output)
     print(f"compiled {args.model} in {time.perf_counter() - t:.2f} s → {args.output} "
@@ -101,13 +123,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 2
     if cross is not None:
         from kiln.cross.cli import run_cross
-        return run_cross(args, _model(args.model), cross, {name: False for name in (args.disable or [])},
+        return run_cross(args, _model(args.model, args), cross, {name: False for name in (args.disable or [])},
                          lambda binary: _feeds(binary, args.model, args.input))
     t = time.perf_counter()
     if args.model.endswith(".kiln"):
         exe, proto = kiln.load(args.model, num_threads=args.threads), None
     else:
-        proto = _model(args.model)
+        proto = _model(args.model, args)
         exe = kiln.compile(proto, target=args.target or "host", num_threads=args.threads, cache=not args.no_cache,
                            **_options(args))
     compile_s = time.perf_counter() - t
@@ -160,9 +182,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
         from kiln.explain import compare_strategies
         opts.pop("strategy")
         opts.pop("strategies", None)
-        print(compare_strategies(_model(args.model), args.node, num_threads=args.threads, **opts))
+        print(compare_strategies(_model(args.model, args), args.node, num_threads=args.threads, **opts))
         return 0
-    print(explain(_model(args.model), node=args.node, stages=args.stage, num_threads=args.threads, **opts))
+    print(explain(_model(args.model, args), node=args.node, stages=args.stage, num_threads=args.threads, **opts))
     return 0
 
 
@@ -227,6 +249,12 @@ def main(argv: list[str] | None = None) -> int:
                              "auto; `explain --strategy all` compares them for one node")
         sp.add_argument("--strategy-for", action="append", metavar="NODE=S",
                         help="per node name or op type override, e.g. Conv=ukernel (repeatable)")
+        sp.add_argument("--quantize", choices=["int8"],
+                        help="quantize first (kiln.quantize: QDQ, per-channel int8 weights), then compile")
+        sp.add_argument("--calibrate", metavar="DATA.npz",
+                        help="calibration samples for --quantize: arrays named after the inputs, [N, *shape] each")
+        sp.add_argument("--calib-method", default="minmax", choices=["minmax", "percentile", "entropy"],
+                        help="how --quantize chooses activation ranges (default minmax)")
 
     c = sub.add_parser("compile", help="compile a model to a .kiln file")
     common(c)

@@ -22,9 +22,10 @@ from kiln.target import Target, host, missing_features, resolve
 __version__ = "0.1.0"
 
 # every switch the pipeline understands (all on by default); `kiln bench --ablate` turns each off in turn
-PASS_OPTIONS: tuple[str, ...] = ("fold_constants", "fold_pad", "fold_batchnorm", "conv1d_as_2d", "block_layout",
-                                 "winograd", "pack_weights", "fusion", "fuse_elementwise", "fuse_epilogue", "fuse_axes",
-                                 "vectorize", "register_tile", "pack_operands", "parallel", "memory_reuse")
+PASS_OPTIONS: tuple[str, ...] = ("quantize_qdq", "fold_constants", "fold_pad", "fold_batchnorm", "conv1d_as_2d",
+                                 "block_layout", "winograd", "pack_weights", "fusion", "fuse_elementwise",
+                                 "fuse_epilogue", "fuse_axes", "vectorize", "register_tile", "pack_operands",
+                                 "parallel", "memory_reuse")
 
 Trace = Callable[[str, Any], None]
 
@@ -246,6 +247,14 @@ def _compile(proto: onnx.ModelProto | AtenProgram, identity: bytes, tgt: Target,
     return exe
 
 
+def _int8_meta(g: Graph, tgt: Target) -> str | None:
+    """How this build's 8-bit dot products run (VNNI or the named fallback), when it has integer anchors."""
+    if not any(n.op in ("QConv", "QMatMul", "QPackedConv", "QPackedMatMul") for n in g.nodes):
+        return None
+    from kiln.codegen.int8 import dot_method
+    return dot_method(tgt)
+
+
 def executable_of(c: Compiled, tgt: Target, threads: int, bounds_check: bool = False):  # noqa: ANN201
     """Load the machine code of a lowered model into this process, with the metadata `run`/`save` need."""
     from kiln.codegen.bounds import buffer_names
@@ -260,6 +269,7 @@ def executable_of(c: Compiled, tgt: Target, threads: int, bounds_check: bool = F
         "symbols": sorted({s for k in c.program.kernels for s in k.symbols}),
         "strategies": {node: how for k in c.program.kernels for node, how in k.strategies.items()},
         "bounds_check": bool(bounds_check),
+        "int8": _int8_meta(g, tgt),
         "bounds_buffers": buffer_names(c.program) if bounds_check else [],
         "tuned": c.tuned,
     }

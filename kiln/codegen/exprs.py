@@ -14,7 +14,22 @@ from llvmlite import ir
 from kiln.codegen.bounds import BoundsChecker
 from kiln.codegen.mathfn import VectorMath
 from kiln.kernel.analysis import coef, flat_index, unclamped_index
-from kiln.kernel.ir import Addr, Bin, Cast, Const, Expr, Load, LocalRef, Reduce, Select, Un, Var, children, substitute
+from kiln.kernel.ir import (
+    Addr,
+    Bin,
+    Cast,
+    Const,
+    Dot4,
+    Expr,
+    Load,
+    LocalRef,
+    Reduce,
+    Select,
+    Un,
+    Var,
+    children,
+    substitute,
+)
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 F32, F64 = ir.FloatType(), ir.DoubleType()
@@ -89,6 +104,7 @@ class ExprEmitter:
         self.env: dict[str, ir.Value] = {}
         self.vec: VectorCtx | None = None
         self.bounds: BoundsChecker | None = None  # set in a bounds-checked (debug) build
+        self.target = None  # the Target (kiln.target), where ISA-specific emission needs it (codegen/int8.py)
         self.preloaded: dict[Load, tuple[ir.Value, bool]] = {}  # loads already read (codegen/transpose.py)
         # pure expressions (no memory access) already emitted in the current block, by the values of their free
         # variables: an unrolled tile re-emits each row's index arithmetic otherwise (resnet18: 240k instructions)
@@ -217,6 +233,9 @@ class ExprEmitter:
             assert self.vec is None, "an address is a scalar (a Call argument), not a vector lane"
             ptr, dtype, flat = self.address(e.buf, e.index)
             return self.b.gep(ptr, [self.index(flat)], source_etype=MEMORY[dtype]), False
+        if isinstance(e, Dot4):  # 8-bit dot products, per ISA (codegen/int8.py)
+            from kiln.codegen.int8 import emit_dot4
+            return emit_dot4(self, e)
         if isinstance(e, Reduce):
             raise AssertionError("Reduce must be hoisted before codegen")
         raise TypeError(f"cannot emit {type(e).__name__}")

@@ -97,6 +97,7 @@ class KernelEmitter:
         buffers = {buf.name: (p, buf.dtype, buf.shape) for buf, p in zip(self.bufs, ptrs)}
         em = (ScalableExprEmitter if self.target is not None and self.target.scalable else ExprEmitter)(
             b, self.m, buffers, {})
+        em.target = self.target
         if self.bounds_check:
             em.bounds = BoundsChecker(b, self.m, em.buffers, {buf.name: i for i, buf in enumerate(self.bufs)})
         return em

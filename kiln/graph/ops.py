@@ -391,3 +391,7 @@ OPS["TopKIndex"] = OpDef(lambda ts, a: [TensorType("int64", tuple(a["k"] if i ==
                                                                  for i, d in enumerate(ts[0].shape)))],
                          None, "data")
 OPS["ReverseSequence"] = OpDef(_same, None, "data")
+
+
+# the quantized core ops (Quantize, Dequantize, MatMulInteger, ConvInteger) register themselves in OPS
+import kiln.graph.quant_ops  # noqa: E402, F401, I001

@@ -205,6 +205,29 @@ class Addr(Expr):
         return f"&{self.buf}[{', '.join(map(repr, self.index))}]"
 
 
+@dataclass(frozen=True, repr=False)
+class Dot4(Expr):
+    """acc + Σ_{q<4} a[q]·b[q] in int32 lanes — the 8-bit dot product of x86 `vpdpbusd`, Arm SDOT/USDOT and RVV's
+    widening multiply-adds. `a` and `b` are Loads of the first of 4 consecutive bytes (byte q is their last index
+    + q); a is uint8 or int8, b int8. In a vector loop `a` is uniform (one 32-bit broadcast) and lane i of `b`
+    reads the 4 bytes at its index + 4·i (weights packed [K/4][N][4]). kiln/codegen/int8.py emits it."""
+    acc: Expr
+    a: Load
+    b: Load
+    dtype: str = field(init=False, default="int32")
+
+    def expand(self) -> Expr:
+        """The same value in plain integer arithmetic (scalar code, and targets without a dot product)."""
+        out = self.acc
+        for q in range(4):
+            a, b = (Load(x.buf, x.index[:-1] + (x.index[-1] + q,), x.dtype) for x in (self.a, self.b))
+            out = out + Cast("int32", a) * Cast("int32", b)
+        return out
+
+    def __repr__(self) -> str:
+        return f"dot4({self.acc!r}, {self.a!r}, {self.b!r})"
+
+
 def _cache_hash(cls: type) -> None:
     """Memoize a frozen dataclass's hash: expressions are trees hashed over and over (dict keys in substitute,
     walk, the codegen's caches), and the generated __hash__ recomputes the whole tree each time."""
@@ -221,7 +244,7 @@ def _cache_hash(cls: type) -> None:
     cls.__getstate__ = lambda self: {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
 
-for _cls in (Const, Var, Load, Bin, Un, Select, Cast, LocalRef, Reduce, Addr):
+for _cls in (Const, Var, Load, Bin, Un, Select, Cast, LocalRef, Reduce, Addr, Dot4):
     _cache_hash(_cls)
 
 

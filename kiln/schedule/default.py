@@ -40,6 +40,11 @@ def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: i
         nest = schedule_winograd(c, target, threads if options.get("parallel", True) else 1)
         if nest is not None:
             return nest
+    if "int8" in c.hints:  # an integer anchor: the 8-bit dot-product tile (int8.py)
+        from kiln.schedule.int8 import schedule_int8
+        nest = schedule_int8(k, c, tag, target, threads, options)
+        if nest is not None:
+            return nest
     if options.get("fuse_axes", True):
         c = fuse_contiguous_axes(c, lambda name: k.buffer(name).shape)
     strategy = str(c.hints.get("strategy", "direct"))

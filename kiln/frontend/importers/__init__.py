@@ -66,4 +66,4 @@ def _opt(ins: list[Value | None], i: int) -> Value | None:
 
 
 # the op families register themselves on import (after `importer` exists)
-from kiln.frontend.importers import composite, einsum, elementwise, indexing, nn, reduce, resize, shape  # noqa: E402, F401, I001
+from kiln.frontend.importers import composite, einsum, elementwise, indexing, nn, quant, reduce, resize, shape  # noqa: E402, F401, I001

@@ -14,6 +14,7 @@ from kiln.graph.passes.fold_constants import fold_constants
 from kiln.graph.passes.fold_pad import fold_pad
 from kiln.graph.passes.materialize_outputs import materialize_outputs
 from kiln.graph.passes.pack_weights import pack_weights
+from kiln.graph.passes.quantize_qdq import quantize_qdq
 from kiln.graph.passes.winograd import winograd_conv
 from kiln.target import Target
 
@@ -21,6 +22,7 @@ Pass = Callable[..., Graph]  # Graph → Graph, optionally also given the Target
 
 # (option name, pass); options that are off skip their pass. materialize_outputs is required.
 GRAPH_PASSES: list[tuple[str, Pass]] = [
+    ("quantize_qdq", quantize_qdq),  # first: it needs the integer weights that fold_constants would dequantize
     ("fold_constants", fold_constants),
     ("eliminate_dead_code", eliminate_dead_code),
     ("fold_pad", fold_pad),

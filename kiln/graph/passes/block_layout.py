@@ -25,6 +25,7 @@ import numpy as np
 from kiln.graph.ir import Graph, Node, TensorType, Value
 from kiln.graph.ops import OPS, infer
 from kiln.graph.passes.pack_weights import pack
+from kiln.graph.quant_pack import INT8_K_GROUP, int8_channel_block, pack_depthwise, pack_qconv_blocked
 from kiln.strategy import strategy_of
 from kiln.target import Target
 
@@ -79,7 +80,9 @@ def _blocked_const(g: Graph, v: Value, out_shape: tuple[int, ...], cb: int) -> V
 
 def _conv(g: Graph, n: Node, xb: Value | None, target: Target, block_out: bool) -> tuple[Node, bool] | None:
     """The PackedConv for a Conv (its input blocked or not), and whether its output is blocked (only with
-    block_out)."""
+    block_out); the QPackedConv for an integer QConv (graph/passes/quantize_qdq.py), blocked in and out."""
+    if n.op == "QConv":
+        return _qconv(g, n, xb, target)
     x, w = n.inputs[0], n.inputs[1]
     a = n.attrs
     if (w.const is None or w.dtype != "float32" or len(x.shape) != 4 or strategy_of(a) not in BLOCKED_STRATEGIES
@@ -105,9 +108,32 @@ def _conv(g: Graph, n: Node, xb: Value | None, target: Target, block_out: bool) 
     return Node("PackedConv", [xb if xb is not None else x, packed] + n.inputs[2:], [], attrs, n.name), bool(out_block)
 
 
+def _qconv(g: Graph, n: Node, xb: Value | None, target: Target) -> tuple[Node, bool] | None:
+    """An integer QConv blocked in and out (the only layout its dot-product tile takes; else it stays NCHW):
+    dense weights in the VNNI layout, depthwise ones as float taps (graph/quant_pack.py)."""
+    x, w, a = n.inputs[0], n.inputs[1], n.attrs
+    if xb is None or w.const is None or strategy_of(a) not in BLOCKED_STRATEGIES or len(x.shape) != 4:
+        return None
+    in_block, co = xb.shape[-1], w.shape[0]
+    depthwise = a["group"] > 1
+    out_block = in_block if depthwise else int8_channel_block(co, target)
+    if not out_block or in_block % INT8_K_GROUP or (depthwise and a["acc"] != "float32"):
+        return None
+    wp = pack_depthwise(w.const, out_block) if depthwise else pack_qconv_blocked(w.const, out_block, in_block)
+    packed = Value(g.fresh(w.name + ".packed"), TensorType(wp.dtype.name, wp.shape), const=wp)
+    attrs = {**a, "co": co, "nr": out_block, "kernel": tuple(w.shape[2:]), "in_block": in_block,
+             "out_block": out_block, "depthwise": depthwise}
+    return Node("QPackedConv", [xb, packed] + n.inputs[2:], [], attrs, n.name), True
+
+
 def _heavy(n: Node, target: Target) -> bool:
-    """A dense 2-D float conv with a long reduction over channels that a block divides."""
+    """A dense 2-D float conv with a long reduction over channels that a block divides; any integer QConv whose
+    channels an 8-bit block divides (its NCHW form has no fast schedule)."""
     x, w = n.inputs[0], n.inputs[1]
+    if n.op == "QConv":
+        return (n.attrs["group"] == 1 and len(x.shape) == 4 and w.const is not None
+                and strategy_of(n.attrs) in BLOCKED_STRATEGIES and int8_channel_block(x.shape[1], target) > 0
+                and int8_channel_block(w.shape[0], target) > 0)
     return (n.attrs["group"] == 1 and len(x.shape) == 4 and x.dtype == w.dtype == "float32" and w.const is not None
             and strategy_of(n.attrs) in BLOCKED_STRATEGIES and channel_block(x.shape[1], target) > 0
             and channel_block(w.shape[0], target) > 0 and int(np.prod(w.shape[1:])) >= REORDER_MIN_REDUCTION)
@@ -152,7 +178,7 @@ def _worth_blocking(g: Graph) -> set[int]:
     for n in reversed(g.nodes):
         for v in n.outputs:
             for u in users.get(id(v), []):
-                if u.op in ("Conv", "Pool", "Reduce") or OPS[u.op].kind in ("unary", "binary") \
+                if u.op in ("Conv", "QConv", "Pool", "Reduce") or OPS[u.op].kind in ("unary", "binary") \
                         and any(id(w) in out for w in u.outputs):
                     out.add(id(v))
     return out
@@ -178,12 +204,13 @@ def block_layout(g: Graph, target: Target) -> Graph:
         y = n.outputs[0]
         new: Node | None = None
         out_blocked = True
-        if n.op == "Conv":
+        if n.op in ("Conv", "QConv"):
             x = n.inputs[0]
             heavy = _heavy(n, target)
             if heavy and id(x) not in twin:  # reorder the NCHW input once (other convs reading x use it too)
                 xb = Value(g.fresh(x.name + ".blocked"), TensorType(x.dtype, ()), producer=None)
-                node = Node("ToBlocked", [x], [xb], {"cb": channel_block(x.shape[1], target)}, f"{x.name}.to_blocked")
+                cb = int8_channel_block(x.shape[1], target) if n.op == "QConv" else channel_block(x.shape[1], target)
+                node = Node("ToBlocked", [x], [xb], {"cb": cb}, f"{x.name}.to_blocked")
                 (xb.type,) = infer("ToBlocked", [x.type], node.attrs, node.name)
                 xb.producer = node
                 nodes.append(node)

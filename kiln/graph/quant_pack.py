@@ -1,0 +1,53 @@
+"""Weight packing of the integer anchors, done once at compile time (the "VNNI layout").
+
+A dot-product instruction (x86 `vpdpbusd`, Arm SDOT, an AMX `tdpbusd` tile) consumes 4 consecutive values of the
+reduction per 32-bit lane, so the weights are grouped in fours along K and the output channels run across lanes:
+
+    MatMul   B[K, N] int8              →  Bp[⌈N/NR⌉, ⌈K/4⌉, NR, 4]          (zero-padded in N and K)
+    Conv     W[Co, Ci, kh, kw] int8    →  Wp[Co/NR, Ci/cb, kh, kw, cb/4, NR, 4]  (blocked input, cb | Ci, 4 | cb)
+    depthwise W[C, 1, kh, kw] (float)  →  Wd[C/NR, kh, kw, NR]              (float32 taps: exact small integers)
+
+One k-step of a register tile reads one 32-bit group of A (4 activations, broadcast) and NR·4 contiguous weight
+bytes: NR/16 zmm registers on AVX-512. An AMX int8 tile kernel reads B in the same [K/4][N][4] order (16 rows of
+64 bytes = 16 k-groups × 16 columns × 4), so a packed panel of NR = 16 is a ready `tileloadd` operand with stride
+NR·4 bytes; A rows (the activations, [M][K] with K contiguous, u8) are its other operand as they are."""
+from __future__ import annotations
+
+import numpy as np
+
+from kiln.target import Target
+
+INT8_K_GROUP = 4  # reduction values per 32-bit lane of a dot-product instruction
+
+
+def pack_qmatmul(b: np.ndarray, nr: int) -> np.ndarray:
+    k, n = b.shape
+    kg, panels = -(-k // INT8_K_GROUP), -(-n // nr)
+    padded = np.zeros((kg * INT8_K_GROUP, panels * nr), np.int8)
+    padded[:k, :n] = b
+    return np.ascontiguousarray(padded.reshape(kg, INT8_K_GROUP, panels, nr).transpose(2, 0, 3, 1))
+
+
+def unpack_qmatmul(bp: np.ndarray, k: int, n: int) -> np.ndarray:
+    panels, kg, nr, g = bp.shape
+    return bp.transpose(1, 3, 0, 2).reshape(kg * g, panels * nr)[:k, :n]
+
+
+def pack_qconv_blocked(w: np.ndarray, nr: int, in_block: int) -> np.ndarray:
+    co, ci, kh, kw = w.shape
+    g = INT8_K_GROUP
+    return np.ascontiguousarray(w.reshape(co // nr, nr, ci // in_block, in_block // g, g, kh, kw)
+                                .transpose(0, 2, 5, 6, 3, 1, 4))
+
+
+def pack_depthwise(w: np.ndarray, nr: int) -> np.ndarray:
+    c, _, kh, kw = w.shape
+    return np.ascontiguousarray(w.reshape(c // nr, nr, kh, kw).transpose(0, 2, 3, 1).astype(np.float32))
+
+
+def int8_channel_block(c: int, target: Target) -> int:
+    """The channel block of an 8-bit blocked tensor: as for float (two int32 vectors, else one: the register tile's
+    NR), else half or a quarter vector (MobileNetV2's 24 channels on AVX-512: blocks of 8), never below one 4-byte
+    group; 0 when none divides c."""
+    lanes = target.lanes(32)
+    return next((cb for cb in (2 * lanes, lanes, lanes // 2, lanes // 4) if cb >= INT8_K_GROUP and c % cb == 0), 0)

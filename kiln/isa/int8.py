@@ -1,0 +1,137 @@
+"""The int8 section of the ISA report: instructions per 8-bit multiply-accumulate in the integer anchors' hot loop,
+per ISA, from the compiled assembly (static), with llvm-mca's steady-state MACs per cycle.
+
+    python -m kiln.isa.int8 [--m 64 --k 256 --n 64]
+
+Workload: a QLinearMatMul M×K × K×N (u8/s8 activations, s8 weights). For each target the hot loop is the innermost
+loop (kiln/isa/mca.py) with the most dot-product instructions; MACs per iteration count each dot instruction's
+8-bit products from its register width:
+
+    x86  vpdpbusd zmm/ymm/xmm           64 / 32 / 16 MACs   (AVX-512 VNNI, AVX-VNNI)
+         pmaddwd  zmm/ymm/xmm           32 / 16 / 8         (the no-VNNI fallback: int16 pairs)
+    AArch64 sdot v.4s                   16                  (dotprod)
+            smlal/smlal2 v.4s / v.8h    4 / 8               (plain NEON: widening multiply-accumulate)
+
+Only direct emission exists for the integer anchors (no int8 microkernel yet), so there is no ukernel column.
+RVV is not in the table: its int8 build crashes qemu-riscv64 (an assertion in qemu's decoder), not yet examined."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+DOT = [  # (arch, mnemonic regex, MACs by register class or a fixed count)
+    ("x86_64", re.compile(r"^vpdpbusds?$"), {"zmm": 64, "ymm": 32, "xmm": 16}),
+    ("x86_64", re.compile(r"^v?pmaddwd$"), {"zmm": 32, "ymm": 16, "xmm": 8}),
+    ("aarch64", re.compile(r"^[su]dot$"), {"": 16}),
+    ("aarch64", re.compile(r"^[su]mlal2?$"), {".8h": 8, ".4s": 4, ".2d": 2}),
+]
+CONFIGS = [  # (label, target name, features override or None)
+    ("x86 AVX-512 VNNI (avx512)", "avx512", None),
+    ("x86 AVX-VNNI (avx2)", "avx2", None),
+    ("x86 SSE, no VNNI (sse)", "sse", None),
+    ("AArch64 NEON + dotprod", "aarch64-neon", "+neon,+fp-armv8,+dotprod"),
+    ("AArch64 NEON", "aarch64-neon", None),
+]
+
+
+def qmatmul_model(m: int, k: int, n: int) -> onnx.ModelProto:
+    from onnx import helper, numpy_helper
+    r = np.random.default_rng(0)
+    consts = {"as": np.array(0.02, np.float32), "az": np.array(3, np.uint8),
+              "b": r.integers(-128, 128, (k, n)).astype(np.int8), "bs": np.array(0.01, np.float32),
+              "bz": np.array(0, np.int8), "ys": np.array(0.5, np.float32), "yz": np.array(1, np.uint8)}
+    node = helper.make_node("QLinearMatMul", ["a", "as", "az", "b", "bs", "bz", "ys", "yz"], ["y"])
+    g = helper.make_graph([node], "qmatmul", [helper.make_tensor_value_info("a", onnx.TensorProto.UINT8, [m, k])],
+                          [helper.make_tensor_value_info("y", onnx.TensorProto.UINT8, [m, n])],
+                          [numpy_helper.from_array(v, name) for name, v in consts.items()])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def macs_of(arch: str, mnemonic: str, operands: str) -> int:
+    if mnemonic.startswith("{") and operands:  # an encoding prefix ({vex} vpdpbusd: AVX-VNNI)
+        mnemonic, operands = (operands.split(None, 1) + [""])[:2]
+    for a, pat, widths in DOT:
+        if a == arch and pat.match(mnemonic.strip()):
+            return next((v for reg, v in widths.items() if reg in operands), 0)
+    return 0
+
+
+@dataclass
+class Int8Row:
+    label: str
+    method: str
+    loop_instructions: int
+    macs: int
+    cycles: float | None
+
+    @property
+    def instructions_per_mac(self) -> float:
+        return self.loop_instructions / self.macs if self.macs else float("nan")
+
+
+def analyze(label: str, target: str, features: str | None, m: int, k: int, n: int) -> Int8Row:
+    from kiln.codegen.int8 import dot_method
+    from kiln.codegen.jit import emit_assembly, optimize
+    from kiln.compiler import lower
+    from kiln.isa.classify import arch_of
+    from kiln.isa.mca import MCA_CPU, MCA_MATTR, functions, innermost_loops, run_mca
+    from kiln.target import resolve
+
+    tgt = resolve(target)
+    if features:
+        tgt = dataclasses.replace(tgt, features=features)
+    c = lower(qmatmul_model(m, k, n), tgt, 1, {}, stop_after="llvm")
+    asm = emit_assembly(optimize(c.llvm_ir, tgt), tgt)
+    arch = arch_of(tgt.triple)
+    best, best_macs = None, 0
+    for lines in functions(asm).values():
+        for loop in innermost_loops(lines):
+            macs = sum(macs_of(arch, mn, ops) for mn, ops in loop.instructions())
+            if macs > best_macs:
+                best, best_macs = loop, macs
+    if best is None:
+        return Int8Row(label, dot_method(tgt), 0, 0, None)
+    insns = best.instructions()
+    cycles = None
+    try:
+        cpu = "sapphirerapids" if arch == "x86_64" else MCA_CPU[arch]
+        body = "\n".join(f"\t{mn}\t{o}" if o else f"\t{mn}" for mn, o in insns)
+        res = run_mca(f"{best.label}:\n{body}\n", tgt.triple, cpu, MCA_MATTR.get(arch, ""))
+        cycles = res["cycles"] / res["iterations"]
+    except Exception:  # noqa: BLE001  (llvm-mca missing or rejecting the block: the static count stands alone)
+        cycles = None
+    return Int8Row(label, dot_method(tgt), len(insns), best_macs, cycles)
+
+
+def report(m: int = 64, k: int = 256, n: int = 64) -> list[Int8Row]:
+    return [analyze(label, t, f, m, k, n) for label, t, f in CONFIGS]
+
+
+def markdown(rows: list[Int8Row]) -> str:
+    out = ["| ISA | 8-bit dot product | hot-loop instructions | MACs / iteration | instructions per MAC | "
+           "MACs / cycle (llvm-mca) |", "|---|---|---:|---:|---:|---:|"]
+    for r in rows:
+        mpc = f"{r.macs / r.cycles:.1f}" if r.cycles else "·"
+        out.append(f"| {r.label} | {r.method} | {r.loop_instructions} | {r.macs} | {r.instructions_per_mac:.3f} | "
+                   f"{mpc} |")
+    return "\n".join(out)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--m", type=int, default=64)
+    p.add_argument("--k", type=int, default=256)
+    p.add_argument("--n", type=int, default=64)
+    a = p.parse_args()
+    print(markdown(report(a.m, a.k, a.n)))
+
+
+if __name__ == "__main__":
+    main()

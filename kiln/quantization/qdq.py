@@ -1,0 +1,159 @@
+"""Write a QDQ model: QuantizeLinear → DequantizeLinear pairs on the anchors' activations, DequantizeLinear on their
+int8 weights — the form graph/passes/quantize_qdq.py turns into integer anchors.
+
+For every Conv / MatMul / Gemm with a constant float weight (not excluded by name or op type):
+
+    x ─ Q(sx, zx) ─ DQ ─┐                                  activation input (int8, per tensor)
+    w_q:int8 ─ DQ(sw[c], 0, axis) ─ Conv/MatMul/Gemm ─ [Add const] ─ [Relu|Clip] ─ y ─ Q(sy, zy) ─ DQ ─ readers
+
+weights symmetric int8 per output channel (or per tensor), a Conv bias int32 at the accumulator's scale sx·sw (as
+onnxruntime writes it: the pass adds it to the int32 accumulator; a MatMul's bias Add stays float, in the
+epilogue), and the anchor's output quantized after the bias and activation it feeds alone (so the pass folds
+the requantization into the accumulator tile). A graph output stays float (the logits keep their precision)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+ANCHOR_OPS = ("Conv", "MatMul", "Gemm")
+FOLLOWERS = ("Relu", "Clip")
+
+
+@dataclass
+class Plan:
+    anchors: list[onnx.NodeProto]
+    activations: list[str]          # tensors that get Q → DQ (inputs and outputs of anchors)
+    weights: dict[str, int]         # weight initializer → its output-channel axis
+
+
+def _consumers(g: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
+    out: dict[str, list[onnx.NodeProto]] = {}
+    for n in g.node:
+        for i in n.input:
+            out.setdefault(i, []).append(n)
+    return out
+
+
+def _weight_axis(n: onnx.NodeProto) -> int:
+    if n.op_type == "Conv":
+        return 0
+    if n.op_type == "Gemm":
+        trans_b = next((a.i for a in n.attribute if a.name == "transB"), 0)
+        return 0 if trans_b else 1
+    return 1
+
+
+def plan(model: onnx.ModelProto, exclude_nodes: tuple[str, ...], exclude_ops: tuple[str, ...]) -> Plan:
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    users, outputs = _consumers(g), {o.name for o in g.output}
+    anchors, acts, weights = [], [], {}
+    for n in g.node:
+        if n.op_type not in ANCHOR_OPS or n.name in exclude_nodes or n.op_type in exclude_ops or len(n.input) < 2:
+            continue
+        w = inits.get(n.input[1])
+        if w is None or w.data_type != onnx.TensorProto.FLOAT or len(w.dims) not in (2, 4) \
+                or (n.op_type == "Gemm" and any(a.name == "transA" and a.i for a in n.attribute)):
+            continue
+        if n.op_type == "Conv":
+            group = next((a.i for a in n.attribute if a.name == "group"), 1)
+            if group != 1 and group != w.dims[0]:
+                continue  # grouped convs keep their float form in the pass: quantizing them only adds error
+        anchors.append(n)
+        weights[n.input[1]] = _weight_axis(n)
+        acts.append(n.input[0])
+        y = n.output[0]
+        for follow in ("Add", *FOLLOWERS):  # through a constant bias add, then an activation, each y's only reader
+            r = users.get(y, [])
+            if len(r) == 1 and y not in outputs and r[0].name not in exclude_nodes and (
+                    r[0].op_type == follow if follow == "Add" else r[0].op_type in FOLLOWERS) and (
+                    follow != "Add" or any(i in inits for i in r[0].input)):
+                y = r[0].output[0]
+        if y not in outputs:
+            acts.append(y)
+    return Plan(anchors, list(dict.fromkeys(acts)), weights)
+
+
+def quantize_weight(w: np.ndarray, axis: int, per_channel: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8: (w_q, scale) with scale per index of `axis` (or one scalar)."""
+    if per_channel:
+        red = tuple(i for i in range(w.ndim) if i != axis)
+        amax = np.abs(w).max(axis=red)
+    else:
+        amax = np.array(np.abs(w).max())
+    scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
+    shape = [1] * w.ndim
+    if per_channel:
+        shape[axis] = -1
+    q = np.clip(np.round(w / scale.reshape(shape)), -127, 127).astype(np.int8)
+    return q, scale
+
+
+def write_qdq(model: onnx.ModelProto, p: Plan, act_params: dict[str, tuple[np.float32, np.int8]],
+              per_channel: bool) -> onnx.ModelProto:
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    g = m.graph
+    opset = next((o for o in m.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is not None and opset.version < 13:  # DequantizeLinear's `axis` (per-channel weights)
+        opset.version = 13
+    inits = {t.name: t for t in g.initializer}
+    renames: dict[str, str] = {}
+    new_inits: list[onnx.TensorProto] = []
+    qdq_nodes: dict[str, list[onnx.NodeProto]] = {}  # inserted after the producer of the key (or first for inputs)
+    for t, (s, zp) in act_params.items():
+        sn, zn = f"{t}_scale", f"{t}_zero_point"
+        new_inits += [numpy_helper.from_array(np.array(s, np.float32), sn),
+                      numpy_helper.from_array(np.array(zp, np.int8), zn)]
+        qdq_nodes[t] = [helper.make_node("QuantizeLinear", [t, sn, zn], [f"{t}_q"], name=f"{t}_QuantizeLinear"),
+                        helper.make_node("DequantizeLinear", [f"{t}_q", sn, zn], [f"{t}_dq"],
+                                         name=f"{t}_DequantizeLinear")]
+        renames[t] = f"{t}_dq"
+    weight_nodes = []
+    for wname, axis in p.weights.items():
+        wq, scale = quantize_weight(numpy_helper.to_array(inits[wname]), axis, per_channel)
+        sn, zn = f"{wname}_scale", f"{wname}_zero_point"
+        new_inits += [numpy_helper.from_array(wq, f"{wname}_quantized"), numpy_helper.from_array(scale, sn),
+                      numpy_helper.from_array(np.zeros(scale.shape, np.int8), zn)]
+        attrs = {"axis": axis} if per_channel else {}
+        weight_nodes.append(helper.make_node("DequantizeLinear", [f"{wname}_quantized", sn, zn], [f"{wname}_dq"],
+                                             name=f"{wname}_DequantizeLinear", **attrs))
+        renames[wname] = f"{wname}_dq"
+    at = {id(n): i for i, n in enumerate(model.graph.node)}
+    for n in (g.node[at[id(a)]] for a in p.anchors):  # a conv bias: int32 at scale sx·sw (onnxruntime's form)
+        if n.op_type != "Conv" or len(n.input) < 3 or n.input[2] not in inits or n.input[0] not in act_params:
+            continue
+        b = numpy_helper.to_array(inits[n.input[2]]).astype(np.float64)
+        sw = quantize_weight(numpy_helper.to_array(inits[n.input[1]]), 0, per_channel)[1]
+        sb = (np.float64(act_params[n.input[0]][0]) * sw.astype(np.float64)).astype(np.float32)
+        sb = np.broadcast_to(sb, b.shape).copy() if per_channel else sb
+        bq = np.clip(np.round(b / sb), -2**31, 2**31 - 1).astype(np.int32)
+        name = n.input[2]
+        new_inits += [numpy_helper.from_array(bq, f"{name}_quantized"), numpy_helper.from_array(sb, f"{name}_scale"),
+                      numpy_helper.from_array(np.zeros(sb.shape, np.int32), f"{name}_zero_point")]
+        weight_nodes.append(helper.make_node(
+            "DequantizeLinear", [f"{name}_quantized", f"{name}_scale", f"{name}_zero_point"], [f"{name}_dq"],
+            name=f"{name}_DequantizeLinear", **({"axis": 0} if per_channel else {})))
+        n.input[2] = f"{name}_dq"
+    nodes: list[onnx.NodeProto] = list(weight_nodes)
+    graph_inputs = {i.name for i in g.input}
+    for t in act_params:
+        if t in graph_inputs or t in inits:
+            nodes += qdq_nodes[t]
+    for n in g.node:
+        for i, name in enumerate(n.input):
+            if name in renames:
+                n.input[i] = renames[name]
+        nodes.append(n)
+        for o in n.output:
+            nodes += qdq_nodes.get(o, [])
+    used = {i for n in nodes for i in n.input}
+    keep = [t for t in g.initializer if t.name in used]
+    del g.initializer[:]
+    g.initializer.extend(keep + new_inits)
+    del g.node[:]
+    g.node.extend(nodes)
+    return m

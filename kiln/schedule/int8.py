@@ -1,0 +1,183 @@
+"""The integer anchors' register tile (direct emission): MR × NR int32 accumulators fed by 8-bit dot products.
+
+For a QPackedMatMul / dense QPackedConv (kernel/lower_quant.py) whose reduction body is
+i32(A(m, r)) · i32(B(n, r)) with B in the VNNI layout (its last reduction axis r_last split as r_last // 4 and
+r_last % 4, graph/quant_pack.py), the nest is tile.py's register tile with the innermost reduction axis taken
+4 at a time:
+
+    before:  out[.., m, n] = epilogue(Σ_{r…, k} i32(A(m, r…, k)) · i32(Bp[.., k // 4, n, k % 4]))
+    after:
+      parallel for (others, no, mo):                     # mo fastest: consecutive tiles share the weight panel
+        for ni in 0..NR vector<NR> masked:               # NR/16 zmm accumulators per row (AVX-512)
+          local $acc[MR]: int32 = 0
+          for r…: for k4 in 0..K/4 (unrolled when short: a blocked conv's channel block):
+            for mi in 0..MR unroll:
+              $acc[mi] = dot4($acc[mi], A(m = mo·MR + mi, k = 4·k4), Bp[.., k4, ni, 0])   # one vpdpbusd per zmm
+          for q in 0..K % 4:  $acc[mi] += i32(A(m, 4·(K/4) + q)) · i32(Bp[.., K/4, ni, q])     # K not a multiple of 4
+          for mi in 0..MR unroll: [if m < M:] out[.., m, n] = epilogue($acc[mi])         # requantize in registers
+
+Rows (MR) and lanes (NR) as the float tile (schedule/tile.py: pick_mr, flatten_rows for convs with short rows);
+edge rows clamp their reads and guard their stores; the epilogue (int32 → float, scale, bias, activation,
+round, clamp, narrowing store) runs on the accumulators while they are in registers.
+
+Strategies: only direct emission exists for the integer anchors so far; an anchor asked for `ukernel` or `library`
+is built here and recorded as "direct" in exe.meta["strategies"]. A microkernel (an x86 int8 one, or AMX
+`tdpbusd` from kiln/ukernels/amx.py) plugs in where this tile's k-loop is: it reads A rows of u8 ([M][K], K
+contiguous, 4-byte groups) and the packed panel Bp[n // NR] ([K/4][NR][4] int8, graph/quant_pack.py), and
+accumulates the int32 MR×NR tile that the epilogue below then requantizes. Returns None (the default schedule
+then runs the plain integer loops) where the form does not match."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kiln.kernel.ir import (
+    Assign,
+    Bin,
+    Cast,
+    Compute,
+    Const,
+    Dot4,
+    Expr,
+    If,
+    Kernel,
+    Load,
+    Local,
+    LocalRef,
+    Loop,
+    Reduce,
+    Stmt,
+    Store,
+    Var,
+    cmp,
+    minimum,
+    substitute,
+    walk,
+)
+from kiln.schedule.tile import flatten_rows, pick_mr, rename_tile, simplify_panels, substitute_all
+from kiln.target import Target
+
+UNROLL_DOTS = 256  # a blocked conv's k-groups unrolled while the tile does at most this many dot products per step
+
+
+@dataclass(frozen=True)
+class Int8Form:
+    """The parts of an integer anchor's compute the tile needs."""
+    red: Reduce
+    a: Load           # the activation read (uint8 / int8)
+    b: Load           # the weight read, B[.., k // 4, .., k % 4]
+    k: Var            # the reduction axis taken 4 at a time (the last one)
+    k_ext: int
+
+
+def int8_form(c: Compute) -> Int8Form | None:
+    reds = [e for e in walk(c.body) if isinstance(e, Reduce)]
+    if len(reds) != 1 or reds[0].op != "sum" or reds[0].dtype != "int32":
+        return None
+    red = reds[0]
+    body = red.body
+    if not (isinstance(body, Bin) and body.op == "*" and all(isinstance(x, Cast) for x in (body.a, body.b))):
+        return None
+    a, b = body.a.a, body.b.a
+    k, k_ext = red.axes[-1]
+    if not (isinstance(a, Load) and isinstance(b, Load)) or a.dtype not in ("uint8", "int8") or b.dtype != "int8":
+        return None
+    grouped = (Bin("//", k, Const(4, "int64")), Bin("%", k, Const(4, "int64")))
+    if a.index[-1] != k or grouped[0] not in b.index or b.index[-1] != grouped[1]:
+        return None
+    return Int8Form(red, a, b, k, k_ext)
+
+
+def choose_int8_tile(c: Compute, target: Target) -> tuple[int, bool]:
+    """(MR, flatten_rows): rows as the float tile's — the registers left beside MR·NR/lanes accumulators and the
+    NR/lanes weight vectors of a step (AVX-512 NR = 32: 14 rows; AVX2 NR = 16: 6)."""
+    lanes, regs = target.lanes(32), target.vector_registers
+    nvec = max(1, c.hints["nr"] // lanes)
+    most = max(1, (regs - nvec - 2) // nvec)
+    m_axis = c.hints["m_axis"] % len(c.axes)
+    mr = pick_mr(c.extents[m_axis], most)
+    spatial = tuple(a % len(c.axes) for a in c.hints.get("spatial", ()))
+    if spatial and m_axis == spatial[1] and c.extents[spatial[0]] > 1:
+        flat_mr = pick_mr(c.extents[spatial[0]] * c.extents[spatial[1]], most)
+        if flat_mr > mr:
+            return flat_mr, True
+    return mr, False
+
+
+def schedule_int8(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
+                  options: dict[str, bool]) -> list[Stmt] | None:
+    """The loop nest of an integer anchor by its strategy, or None (the default schedule then builds it)."""
+    if int8_form(c) is None or target.scalable:
+        return None
+    node = c.hints.get("node", c.out)
+    # strategy "ukernel" / "library" have no int8 form yet: the anchor is emitted directly and exe.meta["strategies"]
+    # says "direct" for it (as for any anchor a strategy does not apply to)
+    if not (options.get("register_tile", True) and options.get("vectorize", True)):
+        return None
+    k.strategies[node] = "direct"
+    return int8_tile(c, tag, target, threads if options.get("parallel", True) else 1)
+
+
+def int8_tile(c: Compute, tag: str, target: Target, threads: int) -> list[Stmt]:
+    mr, flat = choose_int8_tile(c, target)
+    if flat:
+        c = flatten_rows(c)
+    form = int8_form(c)
+    assert form is not None
+    nr = c.hints["nr"]
+    m_axis, n_axis = c.hints["m_axis"] % len(c.axes), c.hints["n_axis"] % len(c.axes)
+    m_v, n_v = c.axes[m_axis], c.axes[n_axis]
+    M, N = c.extents[m_axis], c.extents[n_axis]
+    mo, no, mi, ni = Var(f"{m_v.name}o"), Var(f"{n_v.name}o"), Var(f"{m_v.name}i"), Var(f"{n_v.name}i")
+    k, K = form.k, form.k_ext
+    k4 = Var(f"{k.name}4")
+    K4, tail = K // 4, K % 4
+    lanes = max(1, nr // target.lanes(32))
+    others = [(v, e) for i, (v, e) in enumerate(zip(c.axes, c.extents)) if i not in (m_axis, n_axis)]
+    n_mo, n_no = -(-M // mr), -(-N // nr)
+    extents = [e for _, e in others] + [n_no, n_mo]
+    total = int(np.prod(extents))
+    flat_v = Var(f"tile{tag}")
+    decode: dict[Expr, Expr] = {}
+    stride = 1
+    for v, e in reversed(list(zip([v for v, _ in others] + [no, mo], extents))):
+        decode[v] = (flat_v // stride) % e if stride > 1 else flat_v % e
+        stride *= e
+    m_expr, n_expr = mo * mr + mi, no * nr + ni
+    n_ext = minimum(Const(nr, "int64"), Const(N, "int64") - no * nr) if N % nr else Const(nr, "int64")
+    acc = f"acc{tag}"
+    four = Const(4, "int64")
+
+    def at(e: Expr, kk: Expr, edge: bool) -> Expr:
+        """e at row m, lane n, reduction index kk (the k-group arithmetic of B folded)."""
+        m_read = minimum(m_expr, Const(M - 1, "int64")) if edge else m_expr
+        grouped = {Bin("//", k, four): kk // 4 if not isinstance(kk, Bin) or kk.op != "*" else kk.a,
+                   Bin("%", k, four): Const(0, "int64") if isinstance(kk, Bin) and kk.op == "*" else kk % 4}
+        e = substitute(e, grouped)
+        return simplify_panels(substitute(e, {k: kk, m_v: m_read, n_v: n_expr}), ni, nr)
+
+    def tile(edge: bool) -> Loop:
+        ref = LocalRef(acc, "int32", mi)
+        dot = Dot4(ref, at(form.a, k4 * four, edge), at(form.b, k4 * four, edge))
+        step: Stmt = Loop(mi, Const(mr, "int64"), [Assign(acc, dot, mi)], "unroll")
+        unroll = K4 * mr * lanes <= UNROLL_DOTS and len(form.red.axes) > 1
+        update: list[Stmt] = [Loop(k4, Const(K4, "int64"), [step], "unroll" if unroll else "serial")] if K4 else []
+        for q in range(tail):  # K not a multiple of 4: the last group's products one at a time
+            kk = Const(4 * K4 + q, "int64")
+            term = Cast("int32", at(form.a, kk, edge)) * Cast("int32", at(form.b, kk, edge))
+            update.append(Loop(mi, Const(mr, "int64"), [Assign(acc, ref + term, mi)], "unroll"))
+        for v, e in reversed(form.red.axes[:-1]):
+            update = [Loop(v, Const(e, "int64"), update)]
+        out_idx = substitute_all(c.store_index, {m_v: m_expr, n_v: n_expr})
+        store: Stmt = Store(c.out, out_idx, substitute(c.body, {form.red: ref, m_v: m_expr, n_v: n_expr}))
+        if edge:
+            store = If(cmp("<", m_expr, Const(M, "int64")), [store])
+        return Loop(ni, n_ext, [Local(acc, "int32", Const(0, "int32"), mr), *update,
+                                Loop(mi, Const(mr, "int64"), [store], "unroll")], "vector", nr, masked=True)
+
+    body: list[Stmt] = [tile(False)]
+    if M % mr:
+        body = [If(cmp("<=", mo * mr + mr, Const(M, "int64")), body, [tile(True)])]
+    kind = "parallel" if threads > 1 and total > 1 else "serial"
+    return [Loop(flat_v, Const(total, "int64"), rename_tile(body, decode), kind)]
