@@ -21,8 +21,10 @@ __version__ = "0.1.0"
 
 # every switch the pipeline understands (all on by default); `kiln bench --ablate` turns each off in turn
 PASS_OPTIONS: tuple[str, ...] = ("fold_constants", "fold_batchnorm", "block_layout", "winograd", "pack_weights",
-                                 "fusion", "fuse_elementwise", "fuse_epilogue", "fuse_axes", "vectorize",
-                                 "register_tile", "pack_operands", "parallel", "memory_reuse")
+                                 "lower_precision", "fusion", "fuse_elementwise", "fuse_epilogue", "fuse_axes",
+                                 "vectorize", "register_tile", "pack_operands", "parallel", "memory_reuse", "amx")
+# switches that only matter for precision="bf16" (`kiln bench --ablate` skips them for an fp32 build)
+PRECISION_OPTIONS: tuple[str, ...] = ("lower_precision", "amx")
 
 Trace = Callable[[str, Any], None]
 
@@ -53,13 +55,16 @@ def check_options(options: dict[str, Any]) -> dict[str, bool]:
 def lower(model: onnx.ModelProto | str | bytes, target: Target, num_threads: int, options: dict[str, bool],
           input_shapes: dict[str, Sequence[int]] | None = None, trace: Trace | None = None,
           stop_after: str = "object", strategy: str = "direct",
-          strategies: dict[str, str] | None = None, bounds_check: bool = False) -> Compiled:
+          strategies: dict[str, str] | None = None, bounds_check: bool = False,
+          precision: str = "fp32") -> Compiled:
     from kiln.frontend.onnx import import_onnx
+    from kiln.graph.passes.precision import assign_precision
     from kiln.strategy import assign_strategies
 
     t0 = time.perf_counter()
     graph = import_onnx(model, input_shapes)                                 # 1. ONNX → graph IR
     graph = assign_strategies(graph, strategy, strategies)                   #    direct/ukernel/library per anchor
+    graph = assign_precision(graph, precision)                               #    fp32/bf16 per anchor
     if any(n.attrs.get("strategy") == "auto" for n in graph.nodes):          #    auto: measured on the target
         from kiln.autostrategy import choose_strategies
         graph = choose_strategies(graph, target, num_threads, options)
@@ -139,28 +144,32 @@ def compiler_fingerprint() -> str:
 
 def _cache_key(model_bytes: bytes, target: Target, num_threads: int, options: dict[str, bool],
                input_shapes: dict | None, strategy: str = "direct", strategies: dict[str, str] | None = None,
-               bounds_check: bool = False) -> str:
+               bounds_check: bool = False, precision: str = "fp32") -> str:
     h = hashlib.sha256(model_bytes)
     h.update(json.dumps([__version__, compiler_fingerprint(), target.key, num_threads, sorted(options.items()),
                          sorted((k, list(v)) for k, v in (input_shapes or {}).items()), strategy,
-                         sorted((strategies or {}).items()), bool(bounds_check)]).encode())
+                         sorted((strategies or {}).items()), bool(bounds_check), precision]).encode())
     return h.hexdigest()[:32]
 
 
 def compile(model: onnx.ModelProto | str | bytes | os.PathLike, target: str | Target = "host",
             num_threads: int | None = None, input_shapes: dict[str, Sequence[int]] | None = None,
             cache: bool = True, strategy: str = "direct", strategies: dict[str, str] | None = None,
-            bounds_check: bool = False, **options: bool):
+            bounds_check: bool = False, precision: str = "fp32", **options: bool):
     """Compile an ONNX model (proto, path or bytes) into an Executable for `target`.
 
     `strategy` says how anchor ops (MatMul, Conv) are built — "direct" | "ukernel" | "library[:name]" | "auto"
     (kiln/strategy.py); `strategies` overrides it per node name or op type. `bounds_check=True` is the debug
-    build: every access is checked and a run that went out of bounds raises kiln.errors.BoundsError."""
+    build: every access is checked and a run that went out of bounds raises kiln.errors.BoundsError.
+    `precision="bf16"` multiplies the anchors' operands in bfloat16 with float32 accumulation
+    (graph/passes/precision.py; exe.meta["precision"] says how each anchor ran)."""
     from kiln.frontend.onnx import load_model
+    from kiln.graph.passes.precision import check_precision
     from kiln.runtime.executable import Executable
     from kiln.strategy import check_strategy
 
     opts = check_options(options)
+    check_precision(precision)
     check_strategy(strategy)
     for v in (strategies or {}).values():
         check_strategy(v)
@@ -180,7 +189,7 @@ def compile(model: onnx.ModelProto | str | bytes | os.PathLike, target: str | Ta
     path = None
     if cache:
         key = _cache_key(proto.SerializeToString(deterministic=True), tgt, threads, opts, input_shapes, strategy,
-                         strategies, bounds_check)
+                         strategies, bounds_check, precision)
         path = os.path.join(cache_dir(), key + ".kiln")
         if os.path.exists(path):
             try:
@@ -188,7 +197,7 @@ def compile(model: onnx.ModelProto | str | bytes | os.PathLike, target: str | Ta
             except ValueError:
                 pass  # stale or foreign cache entry: recompile and overwrite
     c = lower(proto, tgt, threads, opts, input_shapes, strategy=strategy, strategies=strategies,
-              bounds_check=bounds_check)
+              bounds_check=bounds_check, precision=precision)
     exe = executable_of(c, tgt, threads, bounds_check)
     if path:
         tmp = f"{path}.{os.getpid()}.tmp"
@@ -210,6 +219,9 @@ def executable_of(c: Compiled, tgt: Target, threads: int, bounds_check: bool = F
         "flops": [k.flops for k in c.program.kernels], "compile_s": c.timings,
         "symbols": sorted({s for k in c.program.kernels for s in k.symbols}),
         "strategies": {node: how for k in c.program.kernels for node, how in k.strategies.items()},
+        # how each bf16 anchor multiplied: "amx" tiles, "avx512bf16" vdpbf16ps, or "emulated" (bf16 storage, f32 FMAs)
+        "precision": {node: how for k in c.program.kernels for node, how in k.precision.items()},
+        "amx": any(how == "amx" for k in c.program.kernels for how in k.precision.values()),
         "bounds_check": bool(bounds_check),
         "bounds_buffers": buffer_names(c.program) if bounds_check else [],
     }

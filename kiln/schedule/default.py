@@ -36,6 +36,9 @@ def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: i
             return nest
     if options.get("fuse_axes", True):
         c = fuse_contiguous_axes(c, lambda name: k.buffer(name).shape)
+    if bf16_products(c):  # precision="bf16" (graph/passes/precision.py): AMX tiles where the host has them
+        node = str(c.hints.get("node", c.out))
+        k.precision[node] = "emulated"
     strategy = str(c.hints.get("strategy", "direct"))
     if strategy not in ("direct", "auto"):  # the anchor built on a microkernel or a library call
         built = schedule_by_strategy(k, c, tag, target, threads, options, strategy)
@@ -142,6 +145,12 @@ def _contiguous(k: Kernel, e: Expr, v: Var) -> bool:
             if coef(flat_index(ld.index, b.shape), v) == 1:
                 return True
     return False
+
+
+def bf16_products(c: Compute) -> bool:
+    """Does the compute reduce products of bfloat16 operands (a bf16 anchor)?"""
+    return any(isinstance(r, Reduce) and any(isinstance(x, Load) and x.dtype == "bfloat16" for x in walk(r.body))
+               for r in walk(c.body))
 
 
 def schedule_kernel(k: Kernel, target: Target, threads: int, options: dict[str, bool]) -> Kernel:
