@@ -9,6 +9,7 @@ import numpy as np
 
 from kiln.kernel.analysis import coef, flat_index, fuse_contiguous_axes
 from kiln.kernel.ir import Assign, Compute, Const, Expr, If, Kernel, Load, Loop, Reduce, Stmt, Var, walk
+from kiln.schedule.amx import schedule_amx
 from kiln.schedule.guards import interior_swap
 from kiln.schedule.primitives import compute_to_loops, fuse, parallel, rename, split, vectorize
 from kiln.schedule.reorder import schedule_reorder
@@ -34,11 +35,16 @@ def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: i
         nest = schedule_winograd(c, target, threads if options.get("parallel", True) else 1)
         if nest is not None:
             return nest
-    if options.get("fuse_axes", True):
-        c = fuse_contiguous_axes(c, lambda name: k.buffer(name).shape)
     if bf16_products(c):  # precision="bf16" (graph/passes/precision.py): AMX tiles where the host has them
         node = str(c.hints.get("node", c.out))
+        nest = schedule_amx(k, c, tag, target, threads, options)
+        if nest is not None:
+            k.precision[node] = "amx"
+            k.strategies.setdefault(node, str(c.hints.get("strategy", "direct")))
+            return nest
         k.precision[node] = "emulated"
+    if options.get("fuse_axes", True):
+        c = fuse_contiguous_axes(c, lambda name: k.buffer(name).shape)
     strategy = str(c.hints.get("strategy", "direct"))
     if strategy not in ("direct", "auto"):  # the anchor built on a microkernel or a library call
         built = schedule_by_strategy(k, c, tag, target, threads, options, strategy)

@@ -17,10 +17,10 @@ Two steps, both visible in `compiler.lower`:
 
     Weights are rounded (to nearest even, ml_dtypes) and packed at compile time in the VNNI pair order the bf16
     dot products read — K in pairs, the pair innermost:
-        PackedMatMul  Bp[⌈N/NR⌉, K, NR]              → Bv[⌈N/NR⌉, ⌈K/2⌉, NR, 2]   (an odd K padded with a zero row)
+        PackedMatMul  Bp[⌈N/NR⌉, K, NR]              → Bv[⌈N/NR⌉, Kp/2, NR, 2]   (Kp: K padded with zero rows to 32)
         blocked conv  Wp[Co/NR, Ci/cb, kh, kw, cb, NR] → Wv[Co/NR, Ci/cb, kh, kw, cb/2, NR, 2]  (pairs of the block's
                                                           channels: a 32-channel block is one AMX B tile's 16 rows)
-        NCHW-in conv  Wp[⌈Co/NR⌉, Ci, kh, kw, NR]    → Wv[⌈Co/NR⌉, ⌈K/2⌉, NR, 2], K = Ci·kh·kw
+        NCHW-in conv  Wp[⌈Co/NR⌉, Ci, kh, kw, NR]    → Wv[⌈Co/NR⌉, Kp/2, NR, 2], K = Ci·kh·kw
     One layout on every target: AMX tdpbf16ps and AVX512_BF16 vdpbf16ps take a B row of 16 columns × 2 as it is,
     and the emulation (bf16 storage, float32 multiply-adds: AVX2, SSE, the cross ISAs) reads it with a stride-2
     load. Biases, BatchNorm folds and every epilogue stay float32: the anchor's float32 accumulator goes through
@@ -41,6 +41,9 @@ from kiln.graph.ir import Graph, Node, TensorType, Value
 from kiln.graph.ops import infer
 
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16")
+# a flattened K (a GEMM's, an NCHW-input conv's Ci·kh·kw) is padded with zero rows to a multiple of one AMX step
+# (32 bf16 values: a 64-byte tile row), so the tile kernels never read past a panel (kiln/schedule/amx.py)
+K_STEP = 32
 BF16 = "bfloat16"
 
 
@@ -67,15 +70,15 @@ def to_bf16(a: np.ndarray) -> np.ndarray:
     return np.asarray(a, np.float32).astype(ml_dtypes.bfloat16)
 
 
-def vnni_pairs(w: np.ndarray, k_axis: int) -> np.ndarray:
-    """Split axis `k_axis` (padded to even with zeros) into pairs and move the pair innermost:
+def vnni_pairs(w: np.ndarray, k_axis: int, multiple: int = 2) -> np.ndarray:
+    """Split axis `k_axis` (padded with zeros to a multiple of `multiple`) into pairs and move the pair innermost:
     W[..., K, ..., N] → W[..., K/2, ..., N, 2]."""
     k = w.shape[k_axis]
-    if k % 2:
+    if k % multiple:
         pad = [(0, 0)] * w.ndim
-        pad[k_axis] = (0, 1)
+        pad[k_axis] = (0, -k % multiple)
         w = np.pad(w, pad)
-        k += 1
+        k += -k % multiple
     split = w.reshape(w.shape[:k_axis] + (k // 2, 2) + w.shape[k_axis + 1:])
     return np.ascontiguousarray(np.moveaxis(split, k_axis + 1, -1))
 
@@ -85,13 +88,13 @@ def _weights(n: Node) -> np.ndarray | None:
     w = n.inputs[1].const
     if w is None:
         return None
-    if n.op == "PackedMatMul":                       # Bp[P, K, NR] → Bv[P, K/2, NR, 2]
-        return to_bf16(vnni_pairs(w, 1))
+    if n.op == "PackedMatMul":                       # Bp[P, K, NR] → Bv[P, Kp/2, NR, 2]
+        return to_bf16(vnni_pairs(w, 1, K_STEP))
     if n.op == "PackedConv":
         if n.attrs.get("in_block"):                  # Wp[cob, cib, kh, kw, cb, NR] → [.., cb/2, NR, 2]
             return to_bf16(vnni_pairs(w, w.ndim - 2))
-        flat = w.reshape(w.shape[0], -1, w.shape[-1])  # Wp[cob, Ci, kh, kw, NR] → [cob, K, NR] → [cob, K/2, NR, 2]
-        return to_bf16(vnni_pairs(flat, 1))
+        flat = w.reshape(w.shape[0], -1, w.shape[-1])  # Wp[cob, Ci, kh, kw, NR] → [cob, K, NR] → [cob, Kp/2, NR, 2]
+        return to_bf16(vnni_pairs(flat, 1, K_STEP))
     return to_bf16(w)                                # MatMul B[K, N] / Conv W[Co, Ci, kh, kw]: plain layout
 
 
