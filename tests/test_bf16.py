@@ -19,10 +19,10 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from conftest import C, make_model, op_model, rand, run_kiln, run_ort
 from onnx import helper
 
 import kiln
+from conftest import C, make_model, op_model, rand, run_kiln, run_ort
 from kiln.runtime.amx import usable
 from kiln.target import resolve
 
@@ -184,3 +184,42 @@ def test_precision_in_cache_key(tmp_path, monkeypatch) -> None:
     assert not np.array_equal(a, b)
     assert len(list(tmp_path.glob("*.kiln"))) == 2
 
+
+
+def conv_case() -> tuple[onnx.ModelProto, dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    """A 3×3 conv (K = 288) with its bf16-exact reference and Σ|x·w| per output (module docstring)."""
+    x, w = rand(1, 32, 12, 12, seed=21), rand(48, 32, 3, 3, seed=22, lo=-0.5, hi=0.5)
+    model, feeds = op_model("Conv", [x, C(w)], {"pads": [1] * 4})
+    return model, feeds, conv(1, 1)(bf16(x), bf16(w)), conv(1, 1)(np.abs(bf16(x)), np.abs(bf16(w)))
+
+
+@pytest.mark.parametrize("target", ["aarch64-neon", "riscv64-rvv"])
+def test_cross_isa_emulated(target: str, tmp_path) -> None:  # noqa: ANN001
+    """The cross ISAs store bf16 and multiply in float32 (emulated), run under qemu-user: bf16-exact results."""
+    import kiln.cross as kc
+
+    t = resolve(target)
+    missing = kc.have_toolchain(t.arch)
+    if missing:
+        pytest.skip(missing)
+    model, feeds, exact, absprod = conv_case()
+    binary = kc.build_binary(model, t, str(tmp_path / "b"), precision="bf16")
+    outs, _ = kc.run_qemu(binary, feeds, vlen=128)
+    assert (np.abs(outs[0] - exact) <= 288 * F32 * absprod + 1e-30).all()
+    assert not np.array_equal(outs[0], run_ort(model, feeds)[0])  # it did round: bf16, not a float32 build
+
+
+def test_cli_precision(tmp_path, capsys) -> None:  # noqa: ANN001
+    from kiln.cli import main
+
+    model, feeds, exact, absprod = conv_case()
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    np.save(tmp_path / "x.npy", feeds["x0"])
+    assert main(["run", str(tmp_path / "m.onnx"), "--precision", "bf16", "--input", f"x0={tmp_path / 'x.npy'}",
+                 "--output", str(tmp_path / "y.npy"), "--repeat", "1", "--no-cache"]) == 0
+    y = np.load(tmp_path / "y.npy")
+    assert (np.abs(y - exact) <= 288 * F32 * absprod + 1e-30).all()
+    assert main(["compile", str(tmp_path / "m.onnx"), "--precision", "bf16", "-o", str(tmp_path / "m.kiln")]) == 0
+    exe = kiln.load(str(tmp_path / "m.kiln"))
+    assert exe.meta["precision"] == {"conv_node": expected_path("host")}
+    assert (np.abs(exe.run(feeds)[0] - exact) <= 288 * F32 * absprod + 1e-30).all()
