@@ -131,3 +131,16 @@ def test_fresh_process_gets_permission_automatically() -> None:
             "assert e.meta['amx'], e.meta; assert np.abs(y - r).max() < 0.05 * np.abs(r).max(); print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", (out.returncode, out.stderr[-2000:])
+
+
+def test_isa_bf16_section() -> None:
+    """The ISA report's bf16 rows: Kiln's AMX K loop does 4 tile products per K step (2×2 tiles) and spends
+    < 2 instructions per 1000 MACs (tile loads, pointer and counter updates included)."""
+    from kiln.isa.bf16 import amx_loop, format_table, table
+
+    n, products, macs = amx_loop()
+    assert products % 4 == 0 and products and macs == products * 8192
+    assert n / macs < 2e-3, (n, macs)
+    rows = {r.instruction: r for r in table()}
+    assert rows["tdpbf16ps"].macs_per_cycle == 512 and rows["vdpbf16ps zmm"].macs_per_instruction == 32
+    assert "| tdpbf16ps | AMX-BF16 | 8192 |" in format_table(list(rows.values()))
