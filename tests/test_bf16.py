@@ -273,3 +273,11 @@ def test_zoo_model_vs_openvino_bf16(name: str) -> None:
         return float(np.abs(y - want).max() / np.abs(want).max())
     assert rel(exe.run(feeds)[0]) <= 1.5 * rel(ov_out), (rel(exe.run(feeds)[0]), rel(ov_out))
     assert "amx" in exe.meta["precision"].values() or expected_path("host") == "emulated"
+
+
+def test_amx_switch_off_emulates() -> None:
+    """amx=False (an AVX-512 CPU without AMX takes the same path): the emulated kernel, the same bf16-exact result."""
+    model, feeds, exact, absprod = conv_case()
+    exe = kiln.compile(model, num_threads=2, precision="bf16", amx=False, cache=False)
+    assert exe.meta["precision"] == {"conv_node": "emulated"} and exe.meta["amx"] is False
+    assert (np.abs(exe.run(feeds)[0] - exact) <= 288 * F32 * absprod + 1e-30).all()
