@@ -75,6 +75,8 @@ def _options(args: argparse.Namespace) -> dict:
         opts["bounds_check"] = True
     if getattr(args, "tuning", None):
         opts["tuning"] = args.tuning
+    if getattr(args, "precision", "fp32") != "fp32":
+        opts["precision"] = args.precision
     return opts
 
 
@@ -102,7 +104,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
     cross = _cross_target(args)
     if cross is not None:
         from kiln.cross.cli import compile_cross
-        return compile_cross(args, _model(args.model, args), cross, {name: False for name in (args.disable or [])})
+        return compile_cross(args, _model(args.model, args), cross, {name: False for name in (args.disable or [])},
+                             precision=args.precision)
     t = time.perf_counter()
     exe = kiln.compile(_model(args.model, args), target=args.target or "host", num_threads=args.threads,
                        cache=not args.no_cache, **_options(args))
@@ -124,7 +127,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if cross is not None:
         from kiln.cross.cli import run_cross
         return run_cross(args, _model(args.model, args), cross, {name: False for name in (args.disable or [])},
-                         lambda binary: _feeds(binary, args.model, args.input))
+                         lambda binary: _feeds(binary, args.model, args.input), precision=args.precision)
     t = time.perf_counter()
     if args.model.endswith(".kiln"):
         exe, proto = kiln.load(args.model, num_threads=args.threads), None
@@ -247,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
         sp.add_argument("--strategy", default=None, metavar="S",
                         help="how MatMul/Conv are built: direct (default), ukernel, library[:mkl|openblas|onednn], "
                              "auto; `explain --strategy all` compares them for one node")
+        sp.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
+                        help="bf16: MatMul/Conv multiply bfloat16 operands, accumulate float32 (AMX tiles where the "
+                             "CPU has them, else emulated); exe.meta['precision'] says how each anchor ran")
         sp.add_argument("--strategy-for", action="append", metavar="NODE=S",
                         help="per node name or op type override, e.g. Conv=ukernel (repeatable)")
         sp.add_argument("--quantize", choices=["int8"],

@@ -23,9 +23,11 @@ __version__ = "0.1.0"
 
 # every switch the pipeline understands (all on by default); `kiln bench --ablate` turns each off in turn
 PASS_OPTIONS: tuple[str, ...] = ("quantize_qdq", "fold_constants", "fold_pad", "fold_batchnorm", "conv1d_as_2d",
-                                 "block_layout", "winograd", "pack_weights", "fusion", "fuse_elementwise",
-                                 "fuse_epilogue", "fuse_axes", "vectorize", "register_tile", "pack_operands",
-                                 "parallel", "memory_reuse")
+                                 "block_layout", "winograd", "pack_weights", "lower_precision", "fusion",
+                                 "fuse_elementwise", "fuse_epilogue", "fuse_axes", "vectorize", "register_tile",
+                                 "pack_operands", "parallel", "memory_reuse", "amx")
+# switches that only matter for precision="bf16" (`kiln bench --ablate` skips them for an fp32 build)
+PRECISION_OPTIONS: tuple[str, ...] = ("lower_precision", "amx")
 
 Trace = Callable[[str, Any], None]
 
@@ -57,11 +59,13 @@ def check_options(options: dict[str, Any]) -> dict[str, bool]:
 def lower(model: onnx.ModelProto | str | bytes | AtenProgram, target: Target, num_threads: int,
           options: dict[str, bool], input_shapes: dict[str, Sequence[int]] | None = None, trace: Trace | None = None,
           stop_after: str = "object", strategy: str = "direct",
-          strategies: dict[str, str] | None = None, bounds_check: bool = False, tuning: Any = None) -> Compiled:
+          strategies: dict[str, str] | None = None, bounds_check: bool = False, tuning: Any = None,
+          precision: str = "fp32") -> Compiled:
     """`tuning`: an open kiln.tune.database.TuningDatabase whose best records for this target are applied
     (step 3b), or None for the default schedules."""
     from kiln.frontend.onnx import import_onnx
     from kiln.frontend.torch import import_aten
+    from kiln.graph.passes.precision import assign_precision
     from kiln.strategy import assign_strategies
 
     t0 = time.perf_counter()
@@ -70,6 +74,7 @@ def lower(model: onnx.ModelProto | str | bytes | AtenProgram, target: Target, nu
     else:
         graph = import_onnx(model, input_shapes)                             # 1. ONNX → graph IR
     graph = assign_strategies(graph, strategy, strategies)                   #    direct/ukernel/library per anchor
+    graph = assign_precision(graph, precision)                               #    fp32/bf16 per anchor
     if any(n.attrs.get("strategy") == "auto" for n in graph.nodes):          #    auto: measured on the target
         from kiln.autostrategy import choose_strategies
         graph = choose_strategies(graph, target, num_threads, options)
@@ -146,18 +151,19 @@ def compiler_fingerprint() -> str:
 
 def _cache_key(model_bytes: bytes, target: Target, num_threads: int, options: dict[str, bool],
                input_shapes: dict | None, strategy: str = "direct", strategies: dict[str, str] | None = None,
-               bounds_check: bool = False, tuning: str = "") -> str:
+               bounds_check: bool = False, tuning: str = "", precision: str = "fp32") -> str:
     h = hashlib.sha256(model_bytes)
     h.update(json.dumps([__version__, compiler_fingerprint(), target.key, num_threads, sorted(options.items()),
                          sorted((k, list(v)) for k, v in (input_shapes or {}).items()), strategy,
-                         sorted((strategies or {}).items()), bool(bounds_check), tuning]).encode())
+                         sorted((strategies or {}).items()), bool(bounds_check), tuning, precision]).encode())
     return h.hexdigest()[:32]
 
 
 def compile(model: onnx.ModelProto | str | bytes | os.PathLike | AtenProgram, target: str | Target = "host",
             num_threads: int | None = None, input_shapes: dict[str, Sequence[int]] | None = None,
             cache: bool = True, strategy: str = "direct", strategies: dict[str, str] | None = None,
-            bounds_check: bool = False, tuning: str | os.PathLike = "auto", **options: bool):
+            bounds_check: bool = False, tuning: str | os.PathLike = "auto", precision: str = "fp32",
+            **options: bool):
     """Compile an ONNX model (proto, path or bytes) — or a Core ATen program from the torch frontend
     (kiln.frontend.torch.AtenProgram; `kiln.from_torch` and the "kiln" torch.compile backend make them) — into an
     Executable for `target`.
@@ -167,11 +173,15 @@ def compile(model: onnx.ModelProto | str | bytes | os.PathLike | AtenProgram, ta
     build: every access is checked and a run that went out of bounds raises kiln.errors.BoundsError.
     `tuning`: "auto" applies the best records of the tuning database ($KILN_CACHE_DIR/tuning.db, written by
     `kiln tune`) measured on this target; "off" the default schedules; or the path of another database.
-    `exe.meta["tuned"]` names the kernels that run tuned schedules."""
+    `exe.meta["tuned"]` names the kernels that run tuned schedules.
+    `precision="bf16"` multiplies the anchors' operands in bfloat16 with float32 accumulation
+    (graph/passes/precision.py; exe.meta["precision"] says how each anchor ran)."""
     from kiln.frontend.onnx import load_model
+    from kiln.graph.passes.precision import check_precision
     from kiln.strategy import check_strategy
 
     opts = check_options(options)
+    check_precision(precision)
     check_strategy(strategy)
     for v in (strategies or {}).values():
         check_strategy(v)
@@ -197,7 +207,7 @@ def compile(model: onnx.ModelProto | str | bytes | os.PathLike | AtenProgram, ta
     db = _tuning_db(tuning)
     try:
         return _compile(proto, identity, tgt, threads, opts, input_shapes, cache, strategy, strategies,
-                        bounds_check, db)
+                        bounds_check, db, precision)
     finally:
         if db is not None:
             db.close()
@@ -218,7 +228,7 @@ def _tuning_db(tuning: str | os.PathLike):  # noqa: ANN202 - kiln.tune.database.
 
 def _compile(proto: onnx.ModelProto | AtenProgram, identity: bytes, tgt: Target, threads: int,
              opts: dict[str, bool], input_shapes: dict | None, cache: bool, strategy: str,
-             strategies: dict[str, str] | None, bounds_check: bool, db: Any):
+             strategies: dict[str, str] | None, bounds_check: bool, db: Any, precision: str):
     from kiln.runtime.executable import Executable
 
     path = None
@@ -228,7 +238,7 @@ def _compile(proto: onnx.ModelProto | AtenProgram, identity: bytes, tgt: Target,
             from kiln.tune.workload import target_key
             tuned = db.fingerprint(target_key(tgt, threads))
         key = _cache_key(identity, tgt, threads, opts, input_shapes, strategy,
-                         strategies, bounds_check, tuned)
+                         strategies, bounds_check, tuned, precision)
         path = os.path.join(cache_dir(), key + ".kiln")
         if os.path.exists(path):
             try:
@@ -238,7 +248,7 @@ def _compile(proto: onnx.ModelProto | AtenProgram, identity: bytes, tgt: Target,
             except ValueError:
                 pass  # stale or foreign cache entry: recompile and overwrite
     c = lower(proto, tgt, threads, opts, input_shapes, strategy=strategy, strategies=strategies,
-              bounds_check=bounds_check, tuning=db)
+              bounds_check=bounds_check, tuning=db, precision=precision)
     exe = executable_of(c, tgt, threads, bounds_check)
     if path:
         tmp = f"{path}.{os.getpid()}.tmp"
@@ -268,6 +278,9 @@ def executable_of(c: Compiled, tgt: Target, threads: int, bounds_check: bool = F
         "flops": [k.flops for k in c.program.kernels], "compile_s": c.timings,
         "symbols": sorted({s for k in c.program.kernels for s in k.symbols}),
         "strategies": {node: how for k in c.program.kernels for node, how in k.strategies.items()},
+        # how each bf16 anchor multiplied: "amx" tiles, "avx512bf16" vdpbf16ps, or "emulated" (bf16 storage, f32 FMAs)
+        "precision": {node: how for k in c.program.kernels for node, how in k.precision.items()},
+        "amx": any(how == "amx" for k in c.program.kernels for how in k.precision.values()),
         "bounds_check": bool(bounds_check),
         "int8": _int8_meta(g, tgt),
         "bounds_buffers": buffer_names(c.program) if bounds_check else [],

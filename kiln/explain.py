@@ -75,7 +75,7 @@ def compare_strategies(model: onnx.ModelProto, node: str | None, num_threads: in
 
 def explain(model: onnx.ModelProto, node: str | None = None, stages: list[str] | None = None,
             num_threads: int | None = None, target: str = "host", strategy: str = "direct",
-            strategies: dict[str, str] | None = None, **options: Any) -> str:
+            strategies: dict[str, str] | None = None, precision: str = "fp32", **options: Any) -> str:
     stages = stages or ["graph", "kernel", "llvm", "asm"]
     tgt = resolve(target)
     parts: list[str] = []
@@ -85,7 +85,7 @@ def explain(model: onnx.ModelProto, node: str | None = None, stages: list[str] |
             parts.append(f"{RULE}\n== graph IR after {stage.removeprefix('graph:')}\n{obj}")
 
     c = lower(model, tgt, num_threads or default_threads(), dict(options), trace=trace, strategy=strategy,
-              strategies=strategies)
+              strategies=strategies, precision=precision)
     prog = c.program
     idx = _kernel_index(prog, node)
     k, group = prog.kernels[idx], prog.groups[idx]

@@ -125,8 +125,9 @@ def emit_only(model: onnx.ModelProto, target: str, **compile_kw: Any) -> bytes:
     threads = int(kw.pop("num_threads", 2))
     strategy, strategies = kw.pop("strategy", "direct"), kw.pop("strategies", None)
     bounds = bool(kw.pop("bounds_check", False))
+    precision = kw.pop("precision", "fp32")
     c = lower(model, resolve(target), threads, check_options(kw), strategy=strategy, strategies=strategies,
-              bounds_check=bounds, stop_after="object")
+              bounds_check=bounds, stop_after="object", precision=precision)
     assert c.obj[:4] == b"\x7fELF", f"{target}: no ELF object emitted"
     assert all(f.encode() in c.obj for f in c.kernel_functions), f"{target}: kernel symbols missing from the object"
     return c.obj

@@ -40,7 +40,9 @@ def pass_options() -> tuple[str, ...] | None:
     except ImportError:
         return None
     opts = getattr(kiln, "PASS_OPTIONS", None)
-    return tuple(opts) if opts is not None else None
+    # the bf16-only switches (lower_precision, amx) change nothing in the fp32 builds the benchmark ablates
+    fp32_only = set(getattr(getattr(kiln, "compiler", None), "PRECISION_OPTIONS", ()))
+    return tuple(o for o in opts if o not in fp32_only) if opts is not None else None
 
 
 def compiler_strategies() -> tuple[str, ...]:

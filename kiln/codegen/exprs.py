@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 from llvmlite import ir
 
+from kiln.codegen.bf16 import bf16_bits_const, bf16_to_f32, f32_to_bf16
 from kiln.codegen.bounds import BoundsChecker
 from kiln.codegen.mathfn import VectorMath
 from kiln.kernel.analysis import coef, flat_index, unclamped_index
@@ -31,13 +32,15 @@ from kiln.kernel.ir import (
     substitute,
 )
 
-I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
+I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 F32, F64 = ir.FloatType(), ir.DoubleType()
 PTR = ir.PointerType()
 
 SCALAR: dict[str, ir.Type] = {"float32": F32, "float64": F64, "int64": I64, "int32": I32, "int8": I8, "uint8": I8,
-                              "bool": I1}
-MEMORY: dict[str, ir.Type] = {**SCALAR, "bool": I8}  # bool is one byte in memory, as in numpy
+                              "bool": I1, "bfloat16": F32}
+# bool is one byte in memory, as in numpy; bfloat16 is the upper half of a float32 (values are float32 in registers:
+# widened exactly on load, rounded to nearest even on store — codegen/bf16.py)
+MEMORY: dict[str, ir.Type] = {**SCALAR, "bool": I8, "bfloat16": I16}
 
 _FCMP = {"<": "<", "<=": "<=", "==": "==", "!=": "!=", ">": ">", ">=": ">="}
 _LIBM_UNARY = {"exp": "llvm.exp", "log": "llvm.log", "sqrt": "llvm.sqrt", "sin": "llvm.sin", "cos": "llvm.cos",
@@ -82,7 +85,13 @@ def elem_bytes(mt: ir.Type) -> int:
 
 
 def is_float(dtype: str) -> bool:
-    return dtype in ("float32", "float64")
+    return dtype in ("float32", "float64", "bfloat16")
+
+
+def fill_value(vt: ir.VectorType, dtype: str) -> ir.Constant:
+    """What masked-off lanes of a load read: 1 for integers (an integer divide by them must not trap), else 0."""
+    return ir.Constant(vt, [1] * vt.count) if dtype not in ("float32", "float64", "bfloat16") \
+        and isinstance(vt.element, ir.IntType) else ir.Constant(vt, None)
 
 
 @dataclass
@@ -279,8 +288,7 @@ class ExprEmitter:
         n = self.vec.lanes
         vt = ir.VectorType(mt, n)
         mask = self.vec.mask
-        # masked-off lanes read 1 for integers (an integer divide by them must not trap), 0 for floats
-        fill = ir.Constant(vt, [1] * n) if isinstance(mt, ir.IntType) else ir.Constant(vt, None)
+        fill = fill_value(vt, dtype)
         if c == 1:
             p = self.b.gep(ptr, [self._at_base(flat)], source_etype=mt)
             if self.bounds:  # drop out-of-bounds lanes: the load becomes a masked one
@@ -292,7 +300,7 @@ class ExprEmitter:
                 val = self.b.call(fn, [p, ir.Constant(I32, align), mask, fill])
             return self._from_memory(val, dtype), True
         if c in (2, 3, 4) and n * c <= 64:
-            return self._from_memory(self.strided_load(ptr, flat, c, mt, align), dtype), True
+            return self._from_memory(self.strided_load(ptr, flat, c, mt, align, dtype), dtype), True
         idx, _ = self.ev(flat)
         ptrs = self.lane_pointers(ptr, idx, mt)
         if self.bounds:
@@ -303,7 +311,8 @@ class ExprEmitter:
         val = self.b.call(fn, [ptrs, ir.Constant(I32, align), mask if mask is not None else all_on, fill])
         return self._from_memory(val, dtype), True
 
-    def strided_load(self, ptr: ir.Value, flat: Expr, c: int, mt: ir.Type, align: int) -> ir.Value:
+    def strided_load(self, ptr: ir.Value, flat: Expr, c: int, mt: ir.Type, align: int,
+                     dtype: str = "float32") -> ir.Value:
         """Lanes c elements apart (stride-2 convolutions and pooling): one masked contiguous load of
         c·(n−1)+1 elements and a shuffle that keeps every c-th, instead of a gather."""
         n, B = self.vec.lanes, self.b
@@ -319,7 +328,7 @@ class ExprEmitter:
                                       ir.Constant(ir.VectorType(I32, n * c),
                                                   [min(-(-j // c), n - 1) for j in range(n * c)]))
             mask = B.and_(mask, spread)
-        fill = ir.Constant(wide, [1] * (n * c)) if isinstance(mt, ir.IntType) else ir.Constant(wide, None)
+        fill = fill_value(wide, dtype)
         p = B.gep(ptr, [self._at_base(flat)], source_etype=mt)
         if self.bounds:  # every element the wide load touches, not only the kept ones
             mask = self.bounds.lanes(ptr, self.bounds.progression(self._at_base(flat), 1, n * c), mask)
@@ -345,10 +354,12 @@ class ExprEmitter:
         p = self.b.gep(ptr, [self._at_base(flat)], source_etype=mt)
         fn = self._decl(f"llvm.masked.load.v{n}{self._tname(mt)}.p0", vt, [PTR, I32, ir.VectorType(I1, n), vt])
         fill = self.splat(self.const(Const(e.b.value, dtype)))
+        if dtype == "bfloat16":  # the fill in memory form; the loaded lanes widened after
+            fill = self.splat(bf16_bits_const(float(e.b.value)))
         if self.bounds:
             mask = self.bounds.lanes(ptr, self.bounds.progression(self._at_base(flat), 1, n), mask)
         align = elem_bytes(mt)
-        return self.b.call(fn, [p, ir.Constant(I32, align), mask, fill]), True
+        return self._from_memory(self.b.call(fn, [p, ir.Constant(I32, align), mask, fill]), dtype), True
 
     def guarded_access(self, e: Select) -> tuple[ir.Value, str, Expr, ir.Value] | None:
         """(buffer pointer, dtype, flat index, lane mask) when `e` is the padding pattern of guarded_load with a
@@ -416,12 +427,16 @@ class ExprEmitter:
     def _from_memory(self, val: ir.Value, dtype: str) -> ir.Value:
         if dtype == "bool":
             return self.b.icmp_unsigned("!=", val, ir.Constant(val.type, None))
+        if dtype == "bfloat16":
+            return bf16_to_f32(self.b, val)
         return val
 
     def to_memory(self, val: ir.Value, dtype: str) -> ir.Value:
         if dtype == "bool":
             t = ir.VectorType(I8, val.type.count) if isinstance(val.type, ir.VectorType) else I8
             return self.b.zext(val, t)
+        if dtype == "bfloat16":
+            return f32_to_bf16(self.b, val)
         return val
 
     def binary(self, e: Bin) -> tuple[ir.Value, bool]:
@@ -527,8 +542,12 @@ class ExprEmitter:
         st, dt = SCALAR[src], SCALAR[dst]
         to = ir.VectorType(dt, x.type.count) if vec else dt
         B = self.b
-        if src == dst:
+        if src == dst or (src == "bfloat16" and dst == "float32"):  # a bf16 value is already exact in float32
             return x, vec
+        if dst == "bfloat16":  # round to bf16 (the value stays a float32 in registers)
+            x = B.fptrunc(x, ir.VectorType(F32, x.type.count) if vec else F32) if src == "float64" else \
+                x if is_float(src) else self.cast(Cast("float32", e.a))[0]
+            return bf16_to_f32(B, f32_to_bf16(B, x)), vec
         if is_float(src) and is_float(dst):
             return (B.fpext(x, to) if dst == "float64" else B.fptrunc(x, to)), vec
         if is_float(src):

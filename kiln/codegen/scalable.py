@@ -405,7 +405,7 @@ class ScalableExprEmitter(ExprEmitter):
         ptr, dtype, flat, mask = access
         mt = MEMORY[dtype]
         p = self.b.gep(ptr, [self._at_base(flat)], source_etype=mt)
-        val = self._vp_load(p, mt, mask)
+        val = self._from_memory(self._vp_load(p, mt, mask), dtype)
         fill = self.splat(self.const(type(e.b)(e.b.value, dtype)))
         return self.b.select(mask, val, fill), True
 

@@ -138,7 +138,7 @@ def _transposed_load(b: ir.IRBuilder, em: ExprEmitter, ld: Load, r_name: str, R:
             cols.append(b.call(fn, [p, ir.Constant(I32, elem_bytes(mt)), _lane_active(b, em, c, run),
                                     ir.Constant(vt, None)]))
         blocks.append(butterfly(b, cols, w)[:R])
-    return [_concat(b, [blk[r] for blk in blocks]) for r in range(R)]
+    return [em._from_memory(_concat(b, [blk[r] for blk in blocks]), dtype) for r in range(R)]
 
 
 def _row_guard(s: Loop) -> tuple[Store, tuple[Expr, int] | None] | None:
@@ -194,7 +194,7 @@ def transposed_store_group(b: ir.IRBuilder, em: ExprEmitter, s: Loop) -> bool:
             v, is_vec = em.ev(st.value)
         finally:
             em.preloaded = {}
-        vals.append(v if is_vec else em.splat(v))
+        vals.append(em.to_memory(v if is_vec else em.splat(v), dtype))
     em.env[s.var.name] = ir.Constant(I64, 0)
     base = em._at_base(flat)
     mt = MEMORY[dtype]

@@ -105,7 +105,8 @@ def _load(model: onnx.ModelProto | str | bytes | os.PathLike) -> onnx.ModelProto
 
 
 def build_binary(model: onnx.ModelProto | str | bytes | os.PathLike, target: str | Target, workdir: str,
-                 strategy: str = "direct", options: dict[str, bool] | None = None) -> CrossBinary:
+                 strategy: str = "direct", options: dict[str, bool] | None = None,
+                 precision: str = "fp32") -> CrossBinary:
     """Compile `model` for `target` into `workdir` (model.o, model.s, weights.bin, driver); see kiln.cross."""
     from kiln.codegen.scalable import count_vector_loops
     from kiln.codegen.sme import has_sme
@@ -123,7 +124,7 @@ def build_binary(model: onnx.ModelProto | str | bytes | os.PathLike, target: str
     start = time.perf_counter()
     paths = {k: os.path.join(workdir, f) for k, f in
              (("obj", "model.o"), ("asm", "model.s"), ("weights", "weights.bin"), ("exe", "driver"))}
-    c = compile_object(model, t, paths["obj"], paths["asm"], options, strategy)
+    c = compile_object(model, t, paths["obj"], paths["asm"], options, strategy, precision)
     g = c.graph
     with open(paths["weights"], "wb") as f:
         f.write(c.plan.weights)
@@ -140,7 +141,7 @@ def build_binary(model: onnx.ModelProto | str | bytes | os.PathLike, target: str
 
 def compile_object(model: onnx.ModelProto | str | bytes | os.PathLike, target: str | Target, obj_path: str,
                    asm_path: str | None = None, options: dict[str, bool] | None = None,
-                   strategy: str = "direct") -> Compiled:
+                   strategy: str = "direct", precision: str = "fp32") -> Compiled:
     """Kiln's pipeline for `target` with one thread, then LLVM (in a child process) writes the object to
     `obj_path`, its assembly to `asm_path` and the LLVM IR beside the object (`.ll`). Returns the stages.
     `strategy` "ukernel": MatMul/Conv on the target's hand-written microkernels (kiln/ukernels/aarch64.py,
@@ -148,7 +149,8 @@ def compile_object(model: onnx.ModelProto | str | bytes | os.PathLike, target: s
     from kiln.compiler import check_options, lower
 
     t = resolve(target)
-    c = lower(_load(model), t, 1, check_options(options or {}), stop_after="llvm", strategy=strategy)
+    c = lower(_load(model), t, 1, check_options(options or {}), stop_after="llvm", strategy=strategy,
+              precision=precision)
     ll_path = os.path.splitext(obj_path)[0] + ".ll"
     with open(ll_path, "w") as f:
         f.write(c.llvm_ir)

@@ -36,13 +36,14 @@ def parse_vlens(spec: list[str] | None, t: Target) -> list[int]:
     return out
 
 
-def compile_cross(args: argparse.Namespace, model, t: Target, options: dict[str, bool]) -> int:  # noqa: ANN001
+def compile_cross(args: argparse.Namespace, model, t: Target, options: dict[str, bool],  # noqa: ANN001
+                  precision: str = "fp32") -> int:
     from kiln.codegen.scalable import count_vector_loops
     from kiln.cross.build import compile_object
 
     start = time.perf_counter()
     asm = os.path.splitext(args.output)[0] + ".s"
-    c = compile_object(model, t, args.output, asm, options)
+    c = compile_object(model, t, args.output, asm, options, precision=precision)
     loops = count_vector_loops(c.program.kernels, t.scalable)
     print(f"compiled {args.model} for {t.name} (cpu {t.cpu}) in {time.perf_counter() - start:.2f} s → "
           f"{args.output}, {asm} ({len(c.program.kernels)} kernels, vector loops: {loops['scalable']} scalable, "
@@ -51,7 +52,7 @@ def compile_cross(args: argparse.Namespace, model, t: Target, options: dict[str,
 
 
 def run_cross(args: argparse.Namespace, model, t: Target, options: dict[str, bool],  # noqa: ANN001
-              make_feeds: Callable) -> int:
+              make_feeds: Callable, precision: str = "fp32") -> int:
     from kiln.cross.qemu import check_vlen
 
     vlens = parse_vlens(args.vlen, t)
@@ -59,17 +60,17 @@ def run_cross(args: argparse.Namespace, model, t: Target, options: dict[str, boo
         check_vlen(t, vlen)
     workdir = tempfile.mkdtemp(prefix=f"kiln-{t.name.replace(':', '-')}-")
     try:  # the executable and weights are scratch: `kiln compile --target` or kiln.cross keep theirs
-        return _build_and_run(args, model, t, options, make_feeds, vlens, workdir)
+        return _build_and_run(args, model, t, options, make_feeds, vlens, workdir, precision)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _build_and_run(args: argparse.Namespace, model, t: Target, options: dict[str, bool],  # noqa: ANN001
-                   make_feeds: Callable, vlens: list[int], workdir: str) -> int:
+                   make_feeds: Callable, vlens: list[int], workdir: str, precision: str = "fp32") -> int:
     import kiln.cross as kc
     from kiln.cross.qemu import kiln_main_seconds
 
-    binary = kc.build_binary(model, t, workdir, options=options)
+    binary = kc.build_binary(model, t, workdir, options=options, precision=precision)
     loops = binary.vector_loops
     sme = f", {loops['sme']} SME tiles" if "sme" in loops else ""
     print(f"{args.model}: built for {t.name} (cpu {t.cpu}) in {binary.compile_s:.2f} s; vector loops: "

@@ -8,6 +8,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
+import ml_dtypes  # noqa: F401  (registers numpy's "bfloat16" dtype: bf16 weights and values, precision="bf16")
 import numpy as np
 
 from kiln.errors import ModelError

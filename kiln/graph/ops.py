@@ -153,16 +153,23 @@ OPS["ArgReduce"] = OpDef(_argreduce_shape, lambda xs, a: [_np_argreduce(xs[0], a
 
 
 # -- anchors ---------------------------------------------------------------------------------------------
+def acc_dtype(dtype: str) -> str:
+    """The element type an anchor accumulates and writes for operands of `dtype`: bf16 products accumulate in
+    float32 (precision="bf16", graph/passes/precision.py); other types write their own type."""
+    return "float32" if dtype == "bfloat16" else dtype
+
+
 def _matmul_shape(ts: list[TensorType], a: dict) -> list[TensorType]:
     x, y = ts[0].shape, ts[1].shape
     if len(x) < 2 or len(y) < 2:
         raise ModelError(f"MatMul wants rank ≥ 2 after import, got {x} @ {y}")
     if x[-1] != y[-2]:
         raise ModelError(f"MatMul inner dimensions differ: {x} @ {y}")
-    return [TensorType(ts[0].dtype, broadcast(x[:-2], y[:-2]) + (x[-2], y[-1]))]
+    return [TensorType(acc_dtype(ts[0].dtype), broadcast(x[:-2], y[:-2]) + (x[-2], y[-1]))]
 
 
-OPS["MatMul"] = OpDef(_matmul_shape, lambda xs, a: [np.matmul(xs[0], xs[1])], "anchor")
+OPS["MatMul"] = OpDef(_matmul_shape, lambda xs, a: [np.matmul(xs[0], xs[1]).astype(acc_dtype(str(xs[0].dtype)))],
+                      "anchor")
 
 
 def conv_out(size: int, k: int, stride: int, pad_lo: int, pad_hi: int, dil: int) -> int:
@@ -183,7 +190,7 @@ def _conv_shape(ts: list[TensorType], a: dict) -> list[TensorType]:
     if x[1] != w[1] * a["group"]:
         raise ModelError(f"Conv input has {x[1]} channels, weight {w} with group {a['group']} "
                          f"wants {w[1] * a['group']}")
-    return [TensorType(ts[0].dtype, (x[0], w[0]) + _spatial_out(x, w[2:], a))]
+    return [TensorType(acc_dtype(ts[0].dtype), (x[0], w[0]) + _spatial_out(x, w[2:], a))]
 
 
 OPS["Conv"] = OpDef(_conv_shape, None, "anchor")
@@ -333,6 +340,8 @@ def infer(op: str, types: list[TensorType], attrs: dict[str, Any], node_name: st
     if op not in OPS:
         raise ModelError(f"node '{node_name}': '{op}' is not a Kiln core op")
     same = {t.dtype for t in types[_SAME_TYPE[op]]} if op in _SAME_TYPE else set()
+    if op == "Conv" and len(types) == 3 and types[2].dtype == acc_dtype(types[0].dtype):
+        same = {t.dtype for t in types[:2]}  # a bf16 conv's bias is float32 (its accumulator's type)
     if len(same) > 1:
         raise ModelError(f"node '{node_name}' ({op}): inputs of different element types "
                          f"{[str(t) for t in types]}")

@@ -22,7 +22,7 @@ from kiln.kernel.ir import Buffer, Compute, Const, Expr, Kernel, Load, Reduce, c
 from kiln.kernel.lower import Lowered, axes_for, lower_node
 
 VIEW_OPS = {"Reshape"}
-KERNEL_DTYPES = {"float32", "float64", "int64", "int32", "int8", "uint8", "bool"}
+KERNEL_DTYPES = {"float32", "float64", "int64", "int32", "int8", "uint8", "bool", "bfloat16"}
 MAX_DUPLICATED_NODES = 48  # expression nodes an inlined producer may be copied into its consumer
 
 
@@ -216,7 +216,10 @@ def _flops(g: Group) -> float:
         elif n.op == "Conv":
             total += 2.0 * n.outputs[0].type.size * n.inputs[1].type.size / n.inputs[1].shape[0]
         elif n.op == "PackedConv":  # Wp[⌈Co/NR⌉, Ci, kh, kw, NR]: Ci·kh·kw multiply-adds per output
-            total += 2.0 * n.outputs[0].type.size * int(np.prod(n.inputs[1].shape[1:-1]))
+            x, w = n.inputs[0].shape, n.inputs[1].shape  # bf16 weights are paired (graph/passes/precision.py)
+            ci = x[1] * (x[-1] if n.attrs.get("in_block") else 1)
+            k = ci * int(np.prod(n.attrs["kernel"])) if n.attrs.get("vnni") else int(np.prod(w[1:-1]))
+            total += 2.0 * n.outputs[0].type.size * k
         elif n.op == "WinogradProduct":  # the multiply-adds really done: 16 GEMMs over the tiles
             total += 2.0 * n.outputs[0].type.size * n.inputs[0].shape[3] * n.inputs[0].shape[5]
         elif n.op == "ConvTranspose":

@@ -13,7 +13,10 @@ from typing import Any
 
 import numpy as np
 
-_FLOATS = ("float32", "float64")
+_FLOATS = ("float32", "float64", "bfloat16")
+# bfloat16 is a storage type: a bf16 load is exact in float32, and arithmetic on it is float32 arithmetic (a value is
+# rounded to bf16 only where it is cast or stored as bfloat16)
+STORAGE_ONLY = {"bfloat16": "float32"}
 
 
 class Expr:
@@ -121,7 +124,7 @@ class Bin(Expr):
     dtype: str = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "dtype", "bool" if self.op in _CMP else self.a.dtype)
+        object.__setattr__(self, "dtype", "bool" if self.op in _CMP else STORAGE_ONLY.get(self.a.dtype, self.a.dtype))
 
     def __repr__(self) -> str:
         if self.op in ("max", "min", "pow"):
@@ -137,7 +140,7 @@ class Un(Expr):
     dtype: str = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "dtype", self.a.dtype)
+        object.__setattr__(self, "dtype", STORAGE_ONLY.get(self.a.dtype, self.a.dtype))
 
     def __repr__(self) -> str:
         return f"{self.op}({self.a!r})"
@@ -451,6 +454,7 @@ class Kernel:
     symbols: list[str] = field(default_factory=list)         # library symbols resolved at load (kiln/library)
     strategies: dict[str, str] = field(default_factory=dict)  # anchor node → how it was actually built
     decisions: Any = None  # the schedule's knob values and domains (schedule/config.py: Decisions)
+    precision: dict[str, str] = field(default_factory=dict)   # bf16 anchor node → amx | avx512bf16 | emulated
 
     def buffer(self, name: str) -> Buffer:
         for b in itertools.chain(self.args, self.scratch):

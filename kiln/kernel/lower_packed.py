@@ -13,7 +13,9 @@ def lower_packed_matmul(n: Node) -> Lowered:
     nr, k = n.attrs["nr"], Var("rk")
     j = ax[-1]
     ia = bcast_index(a.shape[:-2], ax[:-2]) + (ax[-2], k)
-    body = Reduce("sum", ((k, a.shape[-1]),), ld(a, ia) * Load(bp.name, (j // nr, k, j % nr), bp.dtype))
+    # bf16 panels hold K in pairs (VNNI order, graph/passes/precision.py): Bv[n // NR, k // 2, n % NR, k % 2]
+    w_at = (j // nr, k // 2, j % nr, k % 2) if n.attrs.get("vnni") else (j // nr, k, j % nr)
+    body = Reduce("sum", ((k, a.shape[-1]),), ld(a, ia) * Load(bp.name, w_at, bp.dtype))
     return Lowered([Compute(y.name, ax, y.shape, body, hints={"nr": nr, "n_axis": -1, "m_axis": -2})])
 
 
@@ -31,7 +33,7 @@ def lower_packed_conv(n: Node) -> Lowered:
     x, wp = n.inputs[0], n.inputs[1]
     y, ax = _out(n)
     a = n.attrs
-    nr, ib, ob = a["nr"], a.get("in_block", 0), a.get("out_block", 0)
+    nr, ib, ob, vnni = a["nr"], a.get("in_block", 0), a.get("out_block", 0), bool(a.get("vnni"))
     nd = len(a["kernel"])
     depthwise = a["group"] > 1
     b, sp_out = ax[0], ax[2:2 + nd]
@@ -54,12 +56,19 @@ def lower_packed_conv(n: Node) -> Lowered:
     elif ib:
         cib, cii = Var("rcb"), Var("rc")
         xs = Load(src, (b, cib) + sp + (cii,), x.dtype)
-        w = Load(wp.name, (cob, cib) + ks + (cii, coi), wp.dtype)
+        # bf16 weights pair the block's channels (VNNI order): Wv[cob, cib, kh, kw, cii // 2, coi, cii % 2]
+        w = Load(wp.name, (cob, cib) + ks + ((cii // 2, coi, cii % 2) if vnni else (cii, coi)), wp.dtype)
         axes = ((cib, x.shape[1]),) + taps + ((cii, ib),)
     else:
         ci = Var("rc")
         xs = Load(src, (b, ci) + sp, x.dtype)
-        w = Load(wp.name, (cob, ci) + ks + (coi,), wp.dtype)
+        if vnni:  # pairs along the flattened reduction k = (ci, kh, kw): Wv[cob, k // 2, coi, k % 2]
+            kf: Expr = ci
+            for kv, e in zip(ks, a["kernel"]):
+                kf = kf * e + kv
+            w = Load(wp.name, (cob, kf // 2, coi, kf % 2), wp.dtype)
+        else:
+            w = Load(wp.name, (cob, ci) + ks + (coi,), wp.dtype)
         axes = ((ci, x.shape[1]),) + taps
     body: Expr = Reduce("sum", axes, xs * w)
     if len(n.inputs) > 2:

@@ -48,6 +48,9 @@ class Executable:
         if meta.get("symbols"):  # library calls (strategy="library"): bind their symbols before linking
             from kiln.library import bind_symbols
             self._libraries = bind_symbols(meta["symbols"], self.num_threads)
+        if meta.get("amx"):  # AMX tiles (precision="bf16"): the process must hold the tile permission first
+            from kiln.runtime.amx import ensure
+            ensure()
         self._code = LoadedObject(obj, target)
         self._entry = _ENTRY_T(self._code.address(ENTRY))
         self._pool = pool_address()

@@ -11,6 +11,7 @@ import numpy as np
 
 from kiln.kernel.analysis import coef, flat_index, fuse_contiguous_axes
 from kiln.kernel.ir import Assign, Compute, Const, Expr, If, Kernel, Load, Loop, Reduce, Stmt, Var, walk
+from kiln.schedule.amx import schedule_amx
 from kiln.schedule.config import Config, Decisions, powers_of_two
 from kiln.schedule.guards import interior_swap
 from kiln.schedule.primitives import compute_to_loops, fuse, parallel, rename, split, vectorize
@@ -45,6 +46,14 @@ def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: i
         nest = schedule_int8(k, c, tag, target, threads, options)
         if nest is not None:
             return nest
+    if bf16_products(c):  # precision="bf16" (graph/passes/precision.py): AMX tiles where the host has them
+        node = str(c.hints.get("node", c.out))
+        nest = schedule_amx(k, c, tag, target, threads, options)
+        if nest is not None:
+            k.precision[node] = "amx"
+            k.strategies.setdefault(node, str(c.hints.get("strategy", "direct")))
+            return nest
+        k.precision[node] = "emulated"
     if options.get("fuse_axes", True):
         c = fuse_contiguous_axes(c, lambda name: k.buffer(name).shape)
     strategy = str(c.hints.get("strategy", "direct"))
@@ -164,6 +173,12 @@ def _contiguous(k: Kernel, e: Expr, v: Var) -> bool:
     return False
 
 
+def bf16_products(c: Compute) -> bool:
+    """Does the compute reduce products of bfloat16 operands (a bf16 anchor)?"""
+    return any(isinstance(r, Reduce) and any(isinstance(x, Load) and x.dtype == "bfloat16" for x in walk(r.body))
+               for r in walk(c.body))
+
+
 def schedule_kernel(k: Kernel, target: Target, threads: int, options: dict[str, bool],
                     config: Config | Decisions | None = None) -> Kernel:
     """Schedule every compute of `k`. `config` (a tuned record, a search candidate: schedule/config.py) sets the
@@ -212,6 +227,7 @@ def schedule_program(kernels: list[Kernel], target: Target, threads: int, option
         k.body, k.scratch, k.decisions = done.body, list(done.scratch), done.decisions
         k.extern_ir, k.symbols = dict(done.extern_ir), list(done.symbols)
         for mine, theirs in zip(k.computes, done.computes):
-            how = done.strategies.get(theirs.hints.get("node", theirs.out))
-            if how is not None:
-                k.strategies[mine.hints.get("node", mine.out)] = how
+            for mine_map, their_map in ((k.strategies, done.strategies), (k.precision, done.precision)):
+                how = their_map.get(theirs.hints.get("node", theirs.out))
+                if how is not None:
+                    mine_map[mine.hints.get("node", mine.out)] = how

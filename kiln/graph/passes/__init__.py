@@ -14,6 +14,7 @@ from kiln.graph.passes.fold_constants import fold_constants
 from kiln.graph.passes.fold_pad import fold_pad
 from kiln.graph.passes.materialize_outputs import materialize_outputs
 from kiln.graph.passes.pack_weights import pack_weights
+from kiln.graph.passes.precision import lower_precision
 from kiln.graph.passes.quantize_qdq import quantize_qdq
 from kiln.graph.passes.winograd import winograd_conv
 from kiln.target import Target
@@ -32,6 +33,7 @@ GRAPH_PASSES: list[tuple[str, Pass]] = [
     ("block_layout", block_layout),
     ("winograd", winograd_conv),
     ("pack_weights", pack_weights),
+    ("lower_precision", lower_precision),
     ("", materialize_outputs),
 ]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from kiln.graph.ir import Graph, Node, TensorType, Value
-from kiln.graph.ops import OPS, OpDef, broadcast, conv_out
+from kiln.graph.ops import OPS, OpDef, acc_dtype, broadcast, conv_out
 from kiln.strategy import strategy_of
 from kiln.target import Target
 
@@ -22,9 +22,9 @@ MIN_K = 16
 
 def _packed_shape(ts: list[TensorType], a: dict) -> list[TensorType]:
     x, bp = ts[0].shape, ts[1].shape
-    if x[-1] != bp[1]:
+    if not (x[-1] <= 2 * bp[1] if a.get("vnni") else x[-1] == bp[1]):  # bf16: K in pairs, padded (passes/precision.py)
         raise ValueError(f"PackedMatMul: K of {x} differs from panels {bp}")
-    return [TensorType(ts[0].dtype, broadcast(x[:-2], ()) + (x[-2], a["n"]))]
+    return [TensorType(acc_dtype(ts[0].dtype), broadcast(x[:-2], ()) + (x[-2], a["n"]))]
 
 
 def unpack(bp: np.ndarray, n: int) -> np.ndarray:
@@ -49,9 +49,10 @@ def _conv_packed_shape(ts: list[TensorType], a: dict) -> list[TensorType]:
     sp = tuple(conv_out(x[2 + i], a["kernel"][i], a["strides"][i], a["pads"][i], a["pads"][i + nd],
                         a["dilations"][i]) for i in range(nd))
     ob = a.get("out_block", 0)
+    dt = acc_dtype(ts[0].dtype)
     if ob:
-        return [TensorType(ts[0].dtype, (x[0], a["co"] // ob) + sp + (ob,))]
-    return [TensorType(ts[0].dtype, (x[0], a["co"]) + sp)]
+        return [TensorType(dt, (x[0], a["co"] // ob) + sp + (ob,))]
+    return [TensorType(dt, (x[0], a["co"]) + sp)]
 
 
 OPS["PackedConv"] = OpDef(_conv_packed_shape, None, "anchor")
@@ -111,7 +112,8 @@ def pack_weights(g: Graph, target: Target) -> Graph:
             continue
         bp = pack(b.const, nr)
         packed = Value(g.fresh(b.name + ".packed"), TensorType("float32", bp.shape), const=bp)
-        node = Node("PackedMatMul", [a, packed], n.outputs, {"n": b.shape[1], "nr": nr, "strategy": strategy}, n.name)
+        attrs = {"n": b.shape[1], "nr": nr, "strategy": strategy, "precision": n.attrs.get("precision", "fp32")}
+        node = Node("PackedMatMul", [a, packed], n.outputs, attrs, n.name)
         for v in node.outputs:
             v.producer = node
         g.nodes[i] = node

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from kiln.graph.ir import Graph, Node, TensorType, Value
-from kiln.graph.ops import OPS, OpDef
+from kiln.graph.ops import OPS, OpDef, acc_dtype
 from kiln.strategy import strategy_of
 
 MIN_CHANNELS = 32
@@ -43,7 +43,7 @@ def _input_shape(ts: list[TensorType], a: dict) -> list[TensorType]:
 def _product_shape(ts: list[TensorType], a: dict) -> list[TensorType]:
     n, _, _, _, t, _ = ts[0].shape
     _, _, cob, _, _, nr = ts[1].shape
-    return [TensorType(ts[0].dtype, (n, 4, 4, cob, t, nr))]
+    return [TensorType(acc_dtype(ts[0].dtype), (n, 4, 4, cob, t, nr))]
 
 
 def _output_shape(ts: list[TensorType], a: dict) -> list[TensorType]:
@@ -74,7 +74,7 @@ def _eligible(n: Node) -> bool:
     a = n.attrs
     if n.op != "PackedConv" or strategy_of(a) not in ("direct", "ukernel") or a["group"] != 1 \
             or not a.get("in_block") or not a.get("out_block") or a["kernel"] != (3, 3) or a["strides"] != (1, 1) \
-            or a["dilations"] != (1, 1) or n.inputs[1].const is None:
+            or a["dilations"] != (1, 1) or n.inputs[1].const is None or a.get("precision") == "bf16":
         return False
     x, y = n.inputs[0], n.outputs[0]
     return x.shape[1] * x.shape[-1] >= MIN_CHANNELS and a["co"] >= MIN_CHANNELS and x.shape[0] == y.shape[0]

@@ -1,0 +1,139 @@
+"""precision="bf16": the anchors multiply bfloat16 operands and accumulate in float32 (issue 18).
+
+Two steps, both visible in `compiler.lower`:
+
+  * `assign_precision(g, precision)` (right after import, beside the strategies) marks each MatMul and dense Conv
+    `attrs["precision"] = "bf16"` — depthwise and grouped convs stay "fp32": a few multiply-adds per loaded value,
+    memory-bound, nothing for a bf16 dot product to speed up. The layout passes read the mark: Winograd leaves bf16
+    convs alone (graph/passes/winograd.py: its transformed operands, sums of up to 16 inputs and of 9 weights,
+    would each be rounded to 8 bits, and with AMX the multiply-adds it saves are the cheap part).
+  * `lower_precision(g)` (the graph pass, after the layout passes, switch `lower_precision`) rewrites the marked
+    anchors, now in their packed forms:
+
+        PackedConv(x, Wp, b)  ⇒  PackedConv(xb = Cast(x, bfloat16), Wv, b)         output float32, vnni=True
+        PackedMatMul(a, Bp)   ⇒  PackedMatMul(Cast(a, bfloat16), Bv)                output float32, vnni=True
+        MatMul(a, b)          ⇒  MatMul(Cast(a), Cast(b) or b in bf16)              activation × activation
+        Conv(x, W, b)         ⇒  Conv(Cast(x), W in bf16, b)                        dense convs left NCHW
+
+    Weights are rounded (to nearest even, ml_dtypes) and packed at compile time in the VNNI pair order the bf16
+    dot products read — K in pairs, the pair innermost:
+        PackedMatMul  Bp[⌈N/NR⌉, K, NR]              → Bv[⌈N/NR⌉, Kp/2, NR, 2]   (Kp: K padded with zero rows to 32)
+        blocked conv  Wp[Co/NR, Ci/cb, kh, kw, cb, NR] → Wv[Co/NR, Ci/cb, kh, kw, cb/2, NR, 2]  (pairs of the block's
+                                                          channels: a 32-channel block is one AMX B tile's 16 rows)
+        NCHW-in conv  Wp[⌈Co/NR⌉, Ci, kh, kw, NR]    → Wv[⌈Co/NR⌉, Kp/2, NR, 2], K = Ci·kh·kw
+    One layout on every target: AMX tdpbf16ps and AVX512_BF16 vdpbf16ps take a B row of 16 columns × 2 as it is,
+    and the emulation (bf16 storage, float32 multiply-adds: AVX2, SSE, the cross ISAs) reads it with a stride-2
+    load. Biases, BatchNorm folds and every epilogue stay float32: the anchor's float32 accumulator goes through
+    the epilogue before anything is rounded.
+
+Activations: one Cast to bfloat16 per value that feeds a bf16 anchor. Fusion (kernel/build.py) puts it in the
+producer's epilogue when the anchor is the value's only reader — conv → bias → ReLU → round → store bf16, one
+kernel — so the activations between anchors are stored in bf16 (half the memory traffic). A value read by
+other ops too (a residual branch, attention's skip path) stays float32 for them, and its Cast is a kernel of
+its own. What stays float32: softmax, layer/instance normalization (their statistics), reductions, pooling,
+residual adds, every output. The kernels record how each anchor ran (exe.meta["precision"]): AMX tiles,
+AVX512_BF16 vdpbf16ps or emulated."""
+from __future__ import annotations
+
+import numpy as np
+
+from kiln.graph.ir import Graph, Node, TensorType, Value
+from kiln.graph.ops import infer
+
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16")
+# a flattened K (a GEMM's, an NCHW-input conv's Ci·kh·kw) is padded with zero rows to a multiple of one AMX step
+# (32 bf16 values: a 64-byte tile row), so the tile kernels never read past a panel (kiln/schedule/amx.py)
+K_STEP = 32
+BF16 = "bfloat16"
+
+
+def check_precision(p: str) -> str:
+    if p not in PRECISIONS:
+        raise ValueError(f"unknown precision {p!r}; known: {', '.join(PRECISIONS)}")
+    return p
+
+
+def assign_precision(g: Graph, precision: str = "fp32") -> Graph:
+    """Mark every MatMul and dense Conv with `attrs["precision"]` (bf16 anchors) — see the module docstring."""
+    check_precision(precision)
+    for n in g.nodes:
+        if n.op == "MatMul" or n.op == "Conv":
+            dense = n.op == "MatMul" or n.attrs.get("group", 1) == 1
+            floats = all(v.dtype == "float32" for v in n.inputs[:2])
+            n.attrs["precision"] = "bf16" if precision == "bf16" and dense and floats else "fp32"
+    return g
+
+
+def to_bf16(a: np.ndarray) -> np.ndarray:
+    """float32 → bfloat16, rounded to nearest even (ml_dtypes, the numpy type onnx itself depends on)."""
+    import ml_dtypes
+    return np.asarray(a, np.float32).astype(ml_dtypes.bfloat16)
+
+
+def vnni_pairs(w: np.ndarray, k_axis: int, multiple: int = 2) -> np.ndarray:
+    """Split axis `k_axis` (padded with zeros to a multiple of `multiple`) into pairs and move the pair innermost:
+    W[..., K, ..., N] → W[..., K/2, ..., N, 2]."""
+    k = w.shape[k_axis]
+    if k % multiple:
+        pad = [(0, 0)] * w.ndim
+        pad[k_axis] = (0, -k % multiple)
+        w = np.pad(w, pad)
+        k += -k % multiple
+    split = w.reshape(w.shape[:k_axis] + (k // 2, 2) + w.shape[k_axis + 1:])
+    return np.ascontiguousarray(np.moveaxis(split, k_axis + 1, -1))
+
+
+def _weights(n: Node) -> np.ndarray | None:
+    """The node's weights converted to bf16 in the layout its bf16 lowering reads, or None if it keeps them."""
+    w = n.inputs[1].const
+    if w is None:
+        return None
+    if n.op == "PackedMatMul":                       # Bp[P, K, NR] → Bv[P, Kp/2, NR, 2]
+        return to_bf16(vnni_pairs(w, 1, K_STEP))
+    if n.op == "PackedConv":
+        if n.attrs.get("in_block"):                  # Wp[cob, cib, kh, kw, cb, NR] → [.., cb/2, NR, 2]
+            return to_bf16(vnni_pairs(w, w.ndim - 2))
+        flat = w.reshape(w.shape[0], -1, w.shape[-1])  # Wp[cob, Ci, kh, kw, NR] → [cob, K, NR] → [cob, Kp/2, NR, 2]
+        return to_bf16(vnni_pairs(flat, 1, K_STEP))
+    return to_bf16(w)                                # MatMul B[K, N] / Conv W[Co, Ci, kh, kw]: plain layout
+
+
+def _convertible(n: Node) -> bool:
+    if n.attrs.get("precision") != "bf16" or n.inputs[0].dtype != "float32":
+        return False
+    if n.op == "PackedConv":
+        return n.attrs.get("group", 1) == 1
+    return n.op in ("PackedMatMul", "MatMul", "Conv")
+
+
+def lower_precision(g: Graph) -> Graph:
+    casts: dict[int, Value] = {}   # id(float32 value) → its bf16 Cast
+    nodes: list[Node] = []
+
+    def cast(v: Value) -> Value:
+        if id(v) not in casts:
+            vb = Value(g.fresh(v.name + ".bf16"), TensorType(BF16, v.shape))
+            node = Node("Cast", [v], [vb], {"to": BF16}, f"{v.name}.to_bf16")
+            (vb.type,) = infer("Cast", [v.type], node.attrs, node.name)
+            vb.producer = node
+            nodes.append(node)
+            casts[id(v)] = vb
+        return casts[id(v)]
+
+    for n in g.nodes:
+        if not _convertible(n):
+            nodes.append(n)
+            continue
+        ins = list(n.inputs)
+        ins[0] = cast(ins[0])
+        w = _weights(n)
+        if w is not None:
+            ins[1] = Value(g.fresh(ins[1].name + ".bf16"), TensorType(BF16, w.shape), const=w)
+        elif ins[1].dtype == "float32":             # MatMul of two activations (attention)
+            ins[1] = cast(ins[1])
+        n.inputs = ins
+        if n.op in ("PackedMatMul", "PackedConv"):
+            n.attrs["vnni"] = True
+        nodes.append(n)
+    g.nodes = nodes
+    return g

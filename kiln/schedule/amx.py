@@ -1,0 +1,369 @@
+"""AMX schedules for bf16 anchors (precision="bf16", graph/passes/precision.py): the anchor's reduction on AMX tile
+kernels (kiln/ukernels/amx.py), the epilogue on the C block in the existing fused form.
+
+Applies to the packed anchors with bf16 operands — PackedMatMul out[.., m, n] = Σ_k A[.., m, k] · Bv[n // NR, k // 2,
+n % NR, k % 2] and PackedConv (blocked output, dense) — on a host whose process may use AMX (kiln/runtime/amx.py),
+with the `amx` switch on. The output channel (GEMM column) axis n is cut into NR-wide panels (NR = 32: two B tiles
+of 16 columns; 16: one); the rows (GEMM rows, conv output pixels) into tiles of MR ≤ 16; two row tiles and the two
+B tiles of a panel make one 2×2 block: 4 accumulator tiles, 2 A tiles, 2 B tiles per K step of 32 (KB) values.
+
+Where A comes from (`_rows`):
+  * in place — A is one bf16 load, contiguous along the innermost reduction axis (a GEMM's K, a blocked input's
+    channel block) with K steps at constant strides: the tile kernel reads its A tiles straight from the activation.
+    A conv's pixels: with stride 1 the input pixel of output (oh, ow) at tap (kh, kw) is q + kh·Wp + kw, q = oh·Wp + ow,
+    Wp the (padded) input row — so rows run over q in [0, (OH−1)·Wp + OW) (oneDNN's brgemm trick): an MR-row tile
+    crosses output-row ends, and its Wp − OW rows per output row that are no output (ow ≥ OW) are computed and
+    dropped (56×56: 2 of 58, 7×7: 2 of 9), instead of tiles cut to the row length (7 rows of 16).
+  * packed — otherwise (strided convs, an NCHW input's implicit im2col, K not a multiple of 32): the compiler packs
+    A into Ap[o, tile, MR, Kp] bf16 rows (Kp = K rounded up to 32, zero-filled; rows past M repeat row M−1), and the
+    tile kernel reads those (lda = 2·Kp, one K axis of Kp/32 steps).
+
+Loop nest (o: other output axes, e.g. batch; j: panel; blocks of MT·MR rows):
+
+    [pack:  parallel for (o, t): for mi < MR: Ap[o, t, mi, k] = A(o, m = t·MR + mi, k);  Ap[o, t, mi, K..Kp] = 0]
+    parallel for part < PARTS:                                         # ≈ 4 per thread
+      call kiln_amx_config_bf16_m<MR>_k<KB>()                          # ldtilecfg once per part, not per call
+      for w in part's share of the (o, block, j) work items:           # j fastest if all of B fits half of L2
+        alloc Ct[MT·MR, NR] f32                                        #   (the block's A reused), else blocks fastest
+        call kiln_amx_bf16_<MT>x<NT>_m<MR>_k<KB>(A0, A1, lda, &Bv[panel j], Ct, 4·NR, steps…, 0)
+        for ni < min(NR, N − j·NR) vector<NR> masked:                  # the epilogue on the hot C block
+          for r < MT·MR unroll: if row(r) is an output: out[o, row(r), j·NR + ni] = epilogue(Ct[r, ni])
+      call kiln_amx_release()
+    [edge rows (fewer than a block): the same with MT = 1 kernels of their own row counts, each its own config]
+
+Returns None (the anchor is then emitted directly: vdpbf16ps or the emulation) for anything else: depthwise convs
+(they stay fp32), NCHW outputs (the C block would be stored transposed), non-constant B (attention's
+activation × activation MatMuls), or a reduction the layouts above do not describe."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from kiln.kernel.analysis import coef, flat_index
+from kiln.kernel.ir import (
+    Addr,
+    Alloc,
+    Bin,
+    Buffer,
+    Call,
+    Compute,
+    Const,
+    Expr,
+    If,
+    Kernel,
+    Load,
+    Loop,
+    Reduce,
+    Stmt,
+    Store,
+    Var,
+    cmp,
+    minimum,
+    substitute,
+    walk,
+)
+from kiln.runtime.amx import usable
+from kiln.schedule.primitives import rename
+from kiln.schedule.tile import flatten_rows, simplify_panels
+from kiln.schedule.ukernel import _eval_index, merge_channel_blocks
+from kiln.target import Target
+from kiln.ukernels.amx import RELEASE, amx_kernel, config_ir, config_name, release_ir
+
+KB = 32            # bf16 K values per step: one 64-byte A tile row
+MAX_MR = 16
+PARTS_PER_THREAD = 4
+
+
+def _i(v: int) -> Const:
+    return Const(int(v), "int64")
+
+
+def _depends(e: Expr, v: Var) -> bool:
+    return any(x == v for x in walk(e))
+
+
+@dataclass
+class Rows:
+    """How the nest walks the rows of A (and of the output): q in [0, M) per other-axes point o.
+
+    `decode` maps the compute's row axes to expressions of q; `valid(q)` says whether row q is an output (virtual
+    rows past an output row's end are not); `a_base(o, q0)` is the flat A index of row q0's first K element (in
+    place) — or None when A is packed."""
+    axes: tuple[Var, ...]          # the compute's row axes (oh, ow) or (m,)
+    M: int                         # rows per o (virtual rows included)
+    decode: dict[Expr, Expr]       # row axis → expression of q
+    valid: Expr | None             # extra condition on q for the stores (None: every row is one)
+    lda: int                       # bytes between A rows
+    steps: list[tuple[int, int]]   # the K steps: (count, A stride in bytes), outermost first, at most 3
+    a_flat: Expr                   # flat A index of row q's first K element (the step axes at 0)
+    a_buf: str = ""                # the buffer A is read from ("" = the anchor's own A operand)
+
+
+def schedule_amx(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
+                 options: dict[str, bool]) -> list[Stmt] | None:
+    if not options.get("amx", True) or target.arch != "x86_64" or not usable(target.features):
+        return None
+    if "nr" not in c.hints or "m_axis" not in c.hints or c.hints.get("depthwise") or c.store is not None:
+        return None
+    nr = int(c.hints["nr"])
+    if nr not in (16, 32) or (c.hints.get("n_axis", -1) % len(c.axes)) != len(c.axes) - 1 and \
+            not c.hints.get("out_block"):
+        return None  # an NCHW output: its C block would be stored transposed (left to direct emission)
+    spatial = tuple(c.axes[a % len(c.axes)] for a in c.hints.get("spatial", ()))
+    if c.hints.get("out_block"):
+        c = merge_channel_blocks(c)
+    reds = [e for e in walk(c.body) if isinstance(e, Reduce)]
+    if len(reds) != 1 or reds[0].op != "sum" or k.buffer(c.out).dtype not in ("float32", "bfloat16"):
+        return None
+    red = reds[0]
+    n_v, N = c.axes[-1], c.extents[-1]
+    prod = red.body
+    if not (isinstance(prod, Bin) and prod.op == "*"):
+        return None
+    b, a = (prod.b, prod.a) if _depends(prod.b, n_v) else (prod.a, prod.b)
+    if not (isinstance(a, Load) and isinstance(b, Load) and a.dtype == b.dtype == "bfloat16") or _depends(a, n_v):
+        return None
+    K = int(np.prod([e for _, e in red.axes]))
+    panels = _vnni_panels(k, b, red, n_v, nr, K)
+    if panels is None:
+        return None
+    b_base, kp = panels
+    row_axes = spatial if spatial else (c.axes[c.hints["m_axis"] % len(c.axes)],)
+    if any(v not in c.axes for v in row_axes):
+        return None
+    rows = _in_place(k, c, a, red, row_axes) if kp == K else None
+    pre: list[Stmt] = []
+    if rows is None:
+        packed = _pack(k, c, a, red, row_axes, tag, threads, kp)
+        if packed is None:
+            return None
+        c, a, rows, pre = packed
+        red = next(e for e in walk(c.body) if isinstance(e, Reduce))
+    nest = _nest(k, c, red, b, b_base, rows, nr, N, kp, tag, target, threads if options.get("parallel", True) else 1)
+    return pre + nest
+
+
+def _vnni_panels(k: Kernel, b: Load, red: Reduce, n_v: Var, nr: int, K: int) -> tuple[Expr, int] | None:
+    """The flat index of panel 0's first element, if B is read as VNNI panels of the steps in the reduction's order:
+    flat(n = j·NR + ni, k) = base + j·Kp·NR + (k − k % 2)·NR + 2·ni + k % 2 (k the row-major position over the
+    reduction axes, Kp ≥ K the panel's padded K); None otherwise. Checked at random points (all affine)."""
+    shape = k.buffer(b.buf).shape
+    if shape[-1] != 2 or shape[-2] != nr:
+        return None
+    kp = 2 * int(np.prod(shape[-3:-2])) if len(shape) == 4 else K  # PackedMatMul / NCHW conv: [P, Kp/2, NR, 2]
+    j, ni = Var("_panel"), Var("_lane")
+    flat = simplify_panels(substitute(flat_index(b.index, shape), {n_v: j * nr + ni}), ni, nr)
+    zero = _i(0)
+    base = substitute(flat, {j: zero, ni: zero, **{v: zero for v, _ in red.axes}})
+    if _depends(base, j) or _depends(base, ni) or any(_depends(base, v) for v, _ in red.axes):
+        return None
+    rng = np.random.default_rng(0)
+    panels = max(1, int(np.prod(shape)) // (kp * nr))
+    for _ in range(8):
+        env = {j.name: int(rng.integers(panels)), ni.name: int(rng.integers(nr))}
+        kflat = 0
+        for v, n in red.axes:
+            env[v.name] = int(rng.integers(n))
+            kflat = kflat * n + env[v.name]
+        for v in walk(base):
+            if isinstance(v, Var) and v.name not in env:
+                env[v.name] = 0
+        at_base = _eval_index(base, env)
+        want = (env[j.name] * kp + kflat - kflat % 2) * nr + 2 * env[ni.name] + kflat % 2
+        if at_base is None or _eval_index(flat, env) != at_base + want:
+            return None
+    return base, kp
+
+
+def _in_place(k: Kernel, c: Compute, a: Load, red: Reduce, row_axes: tuple[Var, ...]) -> Rows | None:
+    """Rows read in place (module docstring), or None."""
+    fa = flat_index(a.index, k.buffer(a.buf).shape)
+    (r_last, e_last) = red.axes[-1]
+    if coef(fa, r_last) != 1 or e_last % KB:
+        return None
+    steps: list[tuple[int, int]] = []
+    for v, n in red.axes[:-1]:
+        s = coef(fa, v)
+        if s is None:
+            return None
+        steps.append((n, 2 * s))
+    if e_last > KB:
+        steps.append((e_last // KB, 2 * KB))
+    steps = [s for s in steps if s[0] > 1] or [(1, 0)]
+    if len(steps) > 3:
+        return None
+    extents = dict(zip(c.axes, c.extents))
+    q = Var("q")
+    zero = _i(0)
+    if len(row_axes) == 1:
+        (m,) = row_axes
+        cm = coef(fa, m)
+        if not cm or cm < 0:
+            return None
+        a_flat = substitute(fa, {m: zero, **{v: zero for v, _ in red.axes}}) + q * cm
+        return Rows(row_axes, extents[m], {m: q}, None, 2 * cm, steps, a_flat, a.buf)
+    oh, ow = row_axes
+    c_oh, c_ow = coef(fa, oh), coef(fa, ow)
+    if not c_oh or not c_ow or c_oh % c_ow or c_ow < 0:
+        return None
+    wv, OH, OW = c_oh // c_ow, extents[oh], extents[ow]
+    if wv < OW:
+        return None
+    a_flat = substitute(fa, {oh: zero, ow: zero, **{v: zero for v, _ in red.axes}}) + q * c_ow
+    valid = cmp("<", q % wv, _i(OW)) if wv > OW else None
+    return Rows(row_axes, (OH - 1) * wv + OW, {oh: q // wv, ow: q % wv}, valid, 2 * c_ow, steps, a_flat, a.buf)
+
+
+def _pack(k: Kernel, c: Compute, a: Load, red: Reduce, row_axes: tuple[Var, ...], tag: str,
+          threads: int, Kp: int) -> tuple[Compute, Load, Rows, list[Stmt]] | None:
+    """A packed into bf16 row tiles Ap[o, t, MR, Kp] (im2col for a conv), and the Rows that read it."""
+    if len(row_axes) == 2:
+        hints = dict(c.hints)
+        hints["spatial"] = tuple(c.axes.index(v) - len(c.axes) for v in row_axes)
+        hints["m_axis"] = hints["spatial"][1]
+        hints["n_axis"] = -1
+        c = flatten_rows(Compute(c.out, c.axes, c.extents, c.body, c.store, hints))
+        red = next(e for e in walk(c.body) if isinstance(e, Reduce))
+        prod = red.body
+        a = prod.a if isinstance(prod, Bin) and not _depends(prod.a, c.axes[-1]) else prod.b
+        if not isinstance(a, Load):
+            return None
+    m_v = c.axes[c.hints["m_axis"] % len(c.axes)]
+    M = c.extents[c.axes.index(m_v)]
+    K = int(np.prod([e for _, e in red.axes]))
+    if Kp % KB or Kp < K:
+        return None  # the panels must hold whole steps (graph/passes/precision.py pads them)
+    mr = MAX_MR  # rows are contiguous in Ap (Kp apart): the tile kernels cut them as they like
+    n_tiles = -(-M // mr)
+    others = [(v, e) for v, e in zip(c.axes[:-1], c.extents[:-1]) if v != m_v]
+    n_o = int(np.prod([e for _, e in others])) if others else 1
+    ap = f"Ap{tag}"
+    k.scratch.append(Buffer(ap, "bfloat16", (n_o, n_tiles, mr, Kp)))
+    o, t, mi = Var(f"apo{tag}"), Var(f"apt{tag}"), Var(f"api{tag}")
+    kflat: Expr = _i(0)
+    for v, n in red.axes:
+        kflat = kflat * n + v if not (isinstance(kflat, Const) and kflat.value == 0) else v
+    row = minimum(t * mr + mi, _i(M - 1)) if M % mr else t * mr + mi
+    value = substitute(a, {m_v: row})
+    st: Stmt = Store(ap, (o, t, mi, kflat), value)
+    r_last, _ = red.axes[-1]
+    for v, n in reversed(red.axes):
+        st = Loop(v, _i(n), [st], *(("vector", 16, True) if v == r_last else ()))
+    body: list[Stmt] = [st]
+    if Kp > K:
+        kz = Var(f"apz{tag}")
+        body.append(Loop(kz, _i(Kp - K), [Store(ap, (o, t, mi, kz + K), Const(0.0, "bfloat16"))], "vector", 16, True))
+    pf = Var(f"appack{tag}")
+    decode = _decode(others, pf // n_tiles)
+    nest = Loop(pf, _i(n_o * n_tiles), rename([Loop(mi, _i(mr), body)], {o: pf // n_tiles, t: pf % n_tiles, **decode}),
+                "parallel" if threads > 1 and n_o * n_tiles > 1 else "serial")
+    q = Var("q")
+    o_flat = _flat_of(others)
+    a_flat = (o_flat * n_tiles * mr * Kp if others else _i(0)) + q * Kp
+    rows = Rows((m_v,), n_tiles * mr, {m_v: q}, cmp("<", q, _i(M)) if M % mr else None, 2 * Kp,
+                [(Kp // KB, 2 * KB)], a_flat, ap)
+    ap_load = Load(ap, (_i(0),), "bfloat16")
+    return c, ap_load, rows, [nest]
+
+
+def _flat_of(others: list[tuple[Var, int]]) -> Expr:
+    flat: Expr = _i(0)
+    for v, e in others:
+        flat = flat * e + v if not (isinstance(flat, Const) and flat.value == 0) else v
+    return flat
+
+
+def _decode(others: list[tuple[Var, int]], flat: Expr) -> dict[Expr, Expr]:
+    out: dict[Expr, Expr] = {}
+    stride = 1
+    for v, e in reversed(others):
+        out[v] = (flat // stride) % e if stride > 1 else flat % e
+        stride *= e
+    return out
+
+
+def _pick_mr(m: int) -> int:
+    """Rows per tile for M rows: 16 where it divides, else the divisor in 8..16 wasting least, else 16 (+ edges)."""
+    for r in range(MAX_MR, 7, -1):
+        if m % r == 0:
+            return r
+    return min(MAX_MR, m)
+
+
+def _nest(k: Kernel, c: Compute, red: Reduce, b: Load, b_base: Expr, rows: Rows, nr: int, N: int, K: int,
+          tag: str, target: Target, threads: int) -> list[Stmt]:
+    """The AMX nest (module docstring); K is the B panel's (padded) reduction length."""
+    nt = nr // 16
+    others = [(v, e) for v, e in zip(c.axes[:-1], c.extents[:-1]) if v not in rows.axes]
+    n_o = int(np.prod([e for _, e in others])) if others else 1
+    M = rows.M
+    mr = MAX_MR if M >= MAX_MR else M
+    mt = 2 if M >= 2 * mr else 1
+    block = mt * mr
+    n_blocks = M // block
+    P = -(-N // nr)
+    a_buf = rows.a_buf
+    q = Var("q")
+    n2, n1, n0 = ([(1, 0)] * (3 - len(rows.steps)) + rows.steps)
+    ct = f"Ct{tag}"
+    step_args = (_i(n2[0]), _i(n2[1]), _i(n1[0]), _i(n1[1]), _i(n0[0]), _i(n0[1]))
+
+    def segment(o_of: dict[Expr, Expr], q0: Expr, kern_mt: int, kern_mr: int, j: Expr) -> list[Stmt]:
+        """One kernel call on rows q0 .. q0 + MT·MR and panel j, then the epilogue."""
+        kern = amx_kernel("bf16", kern_mt, nt, kern_mr)
+        k.extern_ir[kern.name] = kern.ir_text
+        a0 = Addr(a_buf, (substitute(rows.a_flat, {q: q0, **o_of}),))
+        a1 = Addr(a_buf, (substitute(rows.a_flat, {q: q0 + kern_mr, **o_of}),)) if kern_mt == 2 else a0
+        call = Call(kern.name, (a0, a1, _i(rows.lda), Addr(b.buf, (b_base + j * (K * nr),)), Addr(ct, (_i(0),)),
+                                _i(4 * nr)) + step_args + (Const(0, "int32"),))
+        ni, r = Var(f"ani{tag}"), Var(f"ar{tag}")
+        qr = q0 + r
+        n_expr = j * nr + ni
+        mapping = {**o_of, **{ax: substitute(d, {q: qr}) for ax, d in rows.decode.items()}, c.axes[-1]: n_expr}
+        value = simplify_panels(substitute(c.body, {red: Load(ct, (r, ni), "float32"), **mapping}), ni, nr)
+        out_idx = tuple(simplify_panels(substitute(i, mapping), ni, nr) for i in c.store_index)
+        store: Stmt = Store(c.out, out_idx, value)
+        if rows.valid is not None:
+            store = If(substitute(rows.valid, {q: qr}), [store])
+        n_ext: Expr = minimum(_i(nr), _i(N) - j * nr) if N % nr else _i(nr)
+        epi = Loop(ni, n_ext, [Loop(r, _i(kern_mt * kern_mr), [store], "unroll")], "vector", nr, masked=True)
+        return [call, epi]
+
+    def nest(n_items: int, item: Callable[[Expr], list[Stmt]], cfg_mr: int) -> Loop:
+        """parallel parts over n_items work items, the tile configuration loaded once per part."""
+        k.extern_ir[config_name("bf16", cfg_mr, KB)] = config_ir("bf16", cfg_mr, KB)
+        k.extern_ir[RELEASE] = release_ir()
+        parts = max(1, min(n_items, threads * PARTS_PER_THREAD)) if threads > 1 else 1
+        per = -(-n_items // parts)
+        parts = -(-n_items // per)
+        part, w = Var(f"apart{tag}"), Var(f"aw{tag}")
+        count: Expr = minimum(_i(per), _i(n_items) - part * per) if n_items % per else _i(per)
+        body = [Call(config_name("bf16", cfg_mr, KB), ()), Alloc(ct, "float32", (block, nr)),
+                Loop(w, count, item(part * per + w)), Call(RELEASE, ())]
+        return Loop(part, _i(parts), body, "parallel" if parts > 1 else "serial")
+
+    # j fastest when every panel fits half of L2 beside the A block (the block's A tiles then serve all panels)
+    b_bytes = P * K * nr * 2
+    panel_fastest = b_bytes <= target.l2_bytes // 2
+    out: list[Stmt] = []
+    if n_blocks:
+        def main_item(wi: Expr) -> list[Stmt]:
+            if panel_fastest:
+                j, ob = wi % P, wi // P
+            else:
+                j, ob = wi // (n_o * n_blocks), wi % (n_o * n_blocks)
+            o_of = _decode(others, ob // n_blocks)
+            return segment(o_of, (ob % n_blocks) * block, mt, mr, j)
+        out.append(nest(n_o * n_blocks * P, main_item, mr))
+    # edge rows: tiles of at most MR rows with MT = 1, each row count its own configuration
+    q_edge = n_blocks * block
+    while q_edge < M:
+        rows_here = min(mr, M - q_edge)
+
+        def edge_item(wi: Expr, q0: int = q_edge, rh: int = rows_here) -> list[Stmt]:
+            return segment(_decode(others, wi // P), _i(q0), 1, rh, wi % P)
+        out.append(nest(n_o * P, edge_item, rows_here))
+        q_edge += rows_here
+    return out

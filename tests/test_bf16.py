@@ -1,0 +1,283 @@
+"""precision="bf16" (graph/passes/precision.py, kiln/schedule/amx.py): anchors multiply bfloat16 operands with float32
+accumulation. Every test runs per x86 width: avx512 on this host takes the AMX tiles (exe.meta["precision"] says
+"amx" where the process may use AMX), avx2/sse the emulation (bf16 storage, float32 multiply-adds: "emulated").
+
+Two references per output, both in float64:
+  * exact:  the same products on operands rounded to bf16 (nearest even, ml_dtypes) — Kiln differs from it only by
+            float32 accumulation order, so |kiln − exact| ≤ K·2⁻²⁴ · (|x|∘|w|) elementwise (|x|∘|w| the op applied to
+            the absolute rounded operands: Σ|x_k w_k| per output) plus 2⁻²⁴|bias|. A truncating conversion, a wrong
+            VNNI pair or a dropped K step is off by ≥ 2⁻⁹ relative and fails this.
+  * fp32:   the op on the unrounded operands. bf16 keeps 8 significant bits (unit roundoff u = 2⁻⁸); each operand's
+            rounding is ≤ u relative, a product's ≤ 2u + u², so |kiln − fp32| ≤ (2u + u²)·(|x|∘|w|) + the float32
+            term above — the stated bf16 tolerance, elementwise. For random signs Σ|x_k w_k| ≈ √K·|y|, i.e. the
+            relative error grows ∝ √K·2⁻⁸ in the worst case; the tests also report the typical max-relative error.
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import helper
+
+import kiln
+from conftest import C, make_model, op_model, rand, run_kiln, run_ort
+from kiln.runtime.amx import usable
+from kiln.target import resolve
+
+U = 2.0 ** -8        # bf16 unit roundoff (8 significant bits, round to nearest even)
+F32 = 2.0 ** -24     # float32 unit roundoff
+
+
+def bf16(a: np.ndarray) -> np.ndarray:
+    return np.asarray(a, np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
+
+
+def expected_path(width: str) -> str:
+    return "amx" if usable(resolve(width).features) else "emulated"
+
+
+def check_bf16(model: onnx.ModelProto, feeds: dict[str, np.ndarray], op, K: int, width: str,
+               bias: np.ndarray | None = None, paths: set[str] | None = None) -> dict:
+    """Compile with precision="bf16" for `width`, compare with both references (module docstring). `op(x, w)` is
+    the anchor in float64 on the given operands (x the input feed, w the model's weight initializer)."""
+    got = run_kiln(model, feeds, target=width, precision="bf16")
+    if got is None:
+        return {}
+    (x,) = feeds.values()
+    w = onnx.numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "c1"))
+    b = 0.0 if bias is None else bias.astype(np.float64)
+    exact = op(bf16(x), bf16(w)) + b
+    absprod = op(np.abs(bf16(x)), np.abs(bf16(w)))
+    fp32 = op(x.astype(np.float64), w.astype(np.float64)) + b
+    y = got[0].astype(np.float64)
+    assert got[0].dtype == np.float32 and y.shape == exact.shape
+    acc = K * F32 * absprod + F32 * np.abs(b) + 1e-30
+    bad = np.abs(y - exact) > acc
+    assert not bad.any(), (f"{bad.sum()} of {y.size} differ from the bf16-rounded reference beyond float32 "
+                           f"accumulation; worst {np.abs(y - exact).max():.3g}")
+    bound = (2 * U + U * U) * absprod + acc
+    assert (np.abs(y - fp32) <= bound).all(), "beyond the bf16 error bound vs float32"
+    # the fp32 reference is onnxruntime's too (the model means what the float64 op says)
+    np.testing.assert_allclose(run_ort(model, feeds)[0], fp32, rtol=1e-4, atol=1e-4 * np.abs(fp32).max())
+    exe = kiln.compile(model, target=width, precision="bf16", num_threads=2)
+    assert set(exe.meta["precision"].values()) == (paths or {expected_path(width)}), exe.meta["precision"]
+    assert exe.meta["amx"] == ("amx" in exe.meta["precision"].values())
+    return exe.meta
+
+
+def matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    return x @ w
+
+
+@pytest.mark.parametrize("shape", [(64, 64, 64), (37, 96, 50), (5, 40, 48), (2, 24, 160, 48), (1, 40, 17)],
+                         ids=["64x64x64", "ragged", "K40", "batched", "narrow"])
+def test_matmul(width: str, shape: tuple[int, ...]) -> None:
+    *m, k, n = shape
+    x, w = rand(*m, k, seed=1), rand(k, n, seed=2)
+    model, feeds = op_model("MatMul", [x, C(w)])
+    # B narrower than 32 columns is not packed (graph/passes/pack_weights.py MIN_N): bf16 operands, emulated FMAs
+    check_bf16(model, feeds, matmul, k, width, paths={"emulated"} if n < 32 else None)
+
+
+def test_gemm_trans_b_bias(width: str) -> None:
+    x, w, b = rand(33, 72, seed=3), rand(72, 40, seed=4), rand(40, seed=5)
+    model, feeds = op_model("Gemm", [x, C(np.ascontiguousarray(w.T)), C(b)], {"transB": 1})
+    check_bf16(model, feeds, lambda a, wt: a @ wt.T, 72, width, bias=b)
+
+
+def conv(stride: int = 1, pad: int = 0, group: int = 1):
+    def op(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        y = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w), stride=stride, padding=pad,
+                                       groups=group)
+        return y.numpy()
+    return op
+
+
+CONVS = {  # name: (N, Ci, H, W, Co, k, stride, pad)
+    "1x1": (1, 256, 7, 7, 64, 1, 1, 0),
+    "3x3": (1, 32, 12, 12, 48, 3, 1, 1),
+    "3x3-s2": (1, 32, 15, 15, 64, 3, 2, 1),
+    "7x7-s2-rgb": (1, 3, 32, 32, 32, 7, 2, 3),    # NCHW input and output (the stem alone): emulated, see below
+    "3x3-batch2": (2, 64, 9, 9, 32, 3, 1, 0),
+}
+
+
+@pytest.mark.parametrize("name", CONVS)
+def test_conv(width: str, name: str) -> None:
+    n, ci, h, w_, co, k, s, p = CONVS[name]
+    x, w, b = rand(n, ci, h, w_, seed=6), rand(co, ci, k, k, seed=7, lo=-0.5, hi=0.5), rand(co, seed=8)
+    model, feeds = op_model("Conv", [x, C(w), C(b)], {"strides": [s, s], "pads": [p] * 4})
+    # a conv whose output stays NCHW (a short reduction, < 256, with a graph output: block_layout keeps it plain)
+    # would store its AMX C block transposed: it runs the emulated direct kernel (kiln/schedule/amx.py)
+    paths = {"emulated"} if ci * k * k < 256 else None
+    check_bf16(model, feeds, conv(s, p), ci * k * k, width, bias=b.reshape(-1, 1, 1), paths=paths)
+
+
+def test_depthwise_stays_fp32(width: str) -> None:
+    """Depthwise convs keep float32 (memory-bound: nothing for a bf16 dot product to speed up): fp32-exact."""
+    x, w = rand(1, 32, 10, 10, seed=9), rand(32, 1, 3, 3, seed=10)
+    model, feeds = op_model("Conv", [x, C(w)], {"group": 32, "pads": [1] * 4})
+    got = run_kiln(model, feeds, target=width, precision="bf16")
+    if got is None:
+        return
+    np.testing.assert_allclose(got[0], conv(1, 1, 32)(x.astype(np.float64), w.astype(np.float64)),
+                               rtol=0, atol=1e-5 * np.abs(got[0]).max())
+    assert kiln.compile(model, target=width, precision="bf16").meta["precision"] == {}
+
+
+def test_winograd_shape_is_not_winograd_in_bf16(width: str) -> None:
+    """A 3×3 stride-1 conv the fp32 build runs through Winograd: in bf16 it is a direct (AMX) conv, correct."""
+    x, w = rand(1, 64, 16, 16, seed=11), rand(64, 64, 3, 3, seed=12, lo=-0.3, hi=0.3)
+    model, feeds = op_model("Conv", [x, C(w)], {"pads": [1] * 4})
+    meta = check_bf16(model, feeds, conv(1, 1), 64 * 9, width)
+    if meta:
+        assert not any("inograd" in k for k in meta.get("kernels", [])), meta.get("kernels")
+
+
+def test_fused_chain(width: str) -> None:
+    """conv → ReLU → conv → Add(residual) → MatMul: the bf16 casts fused into producers, residual kept float32;
+    vs onnxruntime float32 with a bound of three bf16 layers (each ≤ 2u·√K relative, K ≤ 288: ≤ 3·2·2⁻⁸·17)."""
+    x = rand(1, 32, 16, 16, seed=13)
+    w1, w2 = rand(32, 32, 3, 3, seed=14, lo=-0.2, hi=0.2), rand(32, 32, 1, 1, seed=15, lo=-0.3, hi=0.3)
+    wm = rand(16, 40, seed=16, lo=-0.5, hi=0.5)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1] * 4, name="conv1"),
+             helper.make_node("Relu", ["a"], ["r"], name="relu"),
+             helper.make_node("Conv", ["r", "w2"], ["c"], name="conv2"),
+             helper.make_node("Add", ["c", "r"], ["s"], name="residual"),
+             helper.make_node("MatMul", ["s", "wm"], ["y"], name="fc")]
+    model = make_model(nodes, {"x": x}, ["y"], {"w1": w1, "w2": w2, "wm": wm})
+    got = run_kiln(model, {"x": x}, target=width, precision="bf16")
+    if got is None:
+        return
+    want = run_ort(model, {"x": x})[0]
+    rel = np.abs(got[0] - want).max() / np.abs(want).max()
+    assert rel < 3 * 2 * U * np.sqrt(288), rel
+    assert rel > 0, "bf16 rounding left no trace: the anchors did not run in bf16"
+    meta = kiln.compile(model, target=width, precision="bf16").meta
+    # conv2's output (+ the residual) leaves the blocked layout for fc: an NCHW output, the emulated kernel
+    path = expected_path(width)
+    assert meta["precision"] == {"conv1": path, "conv2": "emulated", "fc": path}, meta["precision"]
+
+
+def test_fp32_default_untouched() -> None:
+    x, w = rand(16, 64, seed=17), rand(64, 32, seed=18)
+    model, feeds = op_model("MatMul", [x, C(w)])
+    exe = kiln.compile(model, num_threads=2)
+    assert exe.meta["precision"] == {} and exe.meta["amx"] is False
+    np.testing.assert_allclose(exe.run(feeds)[0], x.astype(np.float64) @ w, rtol=1e-5, atol=1e-5)
+
+
+def test_unknown_precision_is_refused() -> None:
+    model, _ = op_model("MatMul", [rand(4, 4), C(rand(4, 4))])
+    with pytest.raises(ValueError, match="unknown precision 'fp16'"):
+        kiln.compile(model, precision="fp16")
+
+
+def test_precision_in_cache_key(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    x, w = rand(16, 64, seed=19), rand(64, 32, seed=20)
+    model, feeds = op_model("MatMul", [x, C(w)])
+    a = kiln.compile(model, num_threads=2).run(feeds)[0]
+    b = kiln.compile(model, num_threads=2, precision="bf16").run(feeds)[0]
+    assert not np.array_equal(a, b)
+    assert len(list(tmp_path.glob("*.kiln"))) == 2
+
+
+
+def conv_case() -> tuple[onnx.ModelProto, dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    """A 3×3 conv (K = 288) with its bf16-exact reference and Σ|x·w| per output (module docstring)."""
+    x, w = rand(1, 32, 12, 12, seed=21), rand(48, 32, 3, 3, seed=22, lo=-0.5, hi=0.5)
+    model, feeds = op_model("Conv", [x, C(w)], {"pads": [1] * 4})
+    return model, feeds, conv(1, 1)(bf16(x), bf16(w)), conv(1, 1)(np.abs(bf16(x)), np.abs(bf16(w)))
+
+
+@pytest.mark.parametrize("target", ["aarch64-neon", "riscv64-rvv"])
+def test_cross_isa_emulated(target: str, tmp_path) -> None:  # noqa: ANN001
+    """The cross ISAs store bf16 and multiply in float32 (emulated), run under qemu-user: bf16-exact results."""
+    import kiln.cross as kc
+
+    t = resolve(target)
+    missing = kc.have_toolchain(t.arch)
+    if missing:
+        pytest.skip(missing)
+    model, feeds, exact, absprod = conv_case()
+    binary = kc.build_binary(model, t, str(tmp_path / "b"), precision="bf16")
+    outs, _ = kc.run_qemu(binary, feeds, vlen=128)
+    assert (np.abs(outs[0] - exact) <= 288 * F32 * absprod + 1e-30).all()
+    assert not np.array_equal(outs[0], run_ort(model, feeds)[0])  # it did round: bf16, not a float32 build
+
+
+def test_cli_precision(tmp_path, capsys) -> None:  # noqa: ANN001
+    from kiln.cli import main
+
+    model, feeds, exact, absprod = conv_case()
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    np.save(tmp_path / "x.npy", feeds["x0"])
+    assert main(["run", str(tmp_path / "m.onnx"), "--precision", "bf16", "--input", f"x0={tmp_path / 'x.npy'}",
+                 "--output", str(tmp_path / "y.npy"), "--repeat", "1", "--no-cache"]) == 0
+    y = np.load(tmp_path / "y.npy")
+    assert (np.abs(y - exact) <= 288 * F32 * absprod + 1e-30).all()
+    assert main(["compile", str(tmp_path / "m.onnx"), "--precision", "bf16", "-o", str(tmp_path / "m.kiln")]) == 0
+    exe = kiln.load(str(tmp_path / "m.kiln"))
+    assert exe.meta["precision"] == {"conv_node": expected_path("host")}
+    assert (np.abs(exe.run(feeds)[0] - exact) <= 288 * F32 * absprod + 1e-30).all()
+
+
+def bert_layer() -> onnx.ModelProto:
+    from kiln.zoo.bert import HIDDEN, SEQ, encoder_layer
+    from kiln.zoo.builder import GraphBuilder
+
+    b = GraphBuilder(0)
+    x = b.input("embeddings", (1, SEQ, HIDDEN))
+    encoder_layer(b, x, "encoder.0", out="y")
+    b.output("y", (1, SEQ, HIDDEN))
+    return b.model("bert_layer")
+
+
+def test_bert_layer(width: str) -> None:
+    """One BERT-base encoder layer: the 6 dense layers on AMX (avx512 here), attention's two activation×activation
+    MatMuls emulated; softmax, layer norms, GELU and residuals float32. Error vs onnxruntime float32 ≤ 4·2⁻⁸
+    (measured ≈ 1e-3; OpenVINO bf16 gets 3.9e-3 on all 12 layers)."""
+    model = bert_layer()
+    feeds = {"embeddings": rand(1, 128, 768, seed=23)}
+    got = run_kiln(model, feeds, target=width, precision="bf16")
+    if got is None:
+        return
+    want = run_ort(model, feeds)[0]
+    rel = float(np.abs(got[0] - want).max() / np.abs(want).max())
+    assert 0 < rel <= 4 * U, rel
+    meta = kiln.compile(model, target=width, precision="bf16").meta
+    counts = {p: list(meta["precision"].values()).count(p) for p in set(meta["precision"].values())}
+    assert counts == ({"amx": 6, "emulated": 2} if expected_path(width) == "amx" else {"emulated": 8}), counts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["resnet50", "bert_base"])
+def test_zoo_model_vs_openvino_bf16(name: str) -> None:
+    """Whole networks (random weights) on the host: Kiln bf16's error vs onnxruntime float32 is at most 1.5× that
+    of OpenVINO's bf16 build of the same model (a peer with the same arithmetic: resnet50 ≈ 0.10, bert ≈ 4e-3)."""
+    ov = pytest.importorskip("openvino")
+    from kiln import zoo
+
+    model, feeds = zoo.build(name), zoo.inputs(name)
+    want = run_ort(model, feeds)[0]
+    exe = kiln.compile(model, num_threads=2, precision="bf16")
+    core = ov.Core()
+    compiled = core.compile_model(core.read_model(model.SerializeToString(), b""), "CPU",
+                                  {"INFERENCE_PRECISION_HINT": "bf16", "INFERENCE_NUM_THREADS": 2})
+    ov_out = compiled(feeds)[0]
+
+    def rel(y: np.ndarray) -> float:
+        return float(np.abs(y - want).max() / np.abs(want).max())
+    assert rel(exe.run(feeds)[0]) <= 1.5 * rel(ov_out), (rel(exe.run(feeds)[0]), rel(ov_out))
+    assert "amx" in exe.meta["precision"].values() or expected_path("host") == "emulated"
+
+
+def test_amx_switch_off_emulates() -> None:
+    """amx=False (an AVX-512 CPU without AMX takes the same path): the emulated kernel, the same bf16-exact result."""
+    model, feeds, exact, absprod = conv_case()
+    exe = kiln.compile(model, num_threads=2, precision="bf16", amx=False, cache=False)
+    assert exe.meta["precision"] == {"conv_node": "emulated"} and exe.meta["amx"] is False
+    assert (np.abs(exe.run(feeds)[0] - exact) <= 288 * F32 * absprod + 1e-30).all()
