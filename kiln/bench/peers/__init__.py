@@ -10,6 +10,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from kiln.bench.peers.base import Peer, PeerError, Runner
+from kiln.bench.peers.blis import BlisPeer
+from kiln.bench.peers.exo import ExoPeer
 from kiln.bench.peers.halide import HalidePeer
 from kiln.bench.peers.inductor import InductorPeer
 from kiln.bench.peers.iree import IreePeer
@@ -26,7 +28,7 @@ from kiln.bench.peers.tvm import TvmPeer
 PEERS: dict[str, type[Peer]] = {
     p.name: p
     for p in (OnnxRuntimePeer, TorchPeer, InductorPeer, JaxPeer, TvmPeer, IreePeer, OpenVinoPeer,
-              OpenBlasPeer, MklPeer, OneDnnPeer, HalidePeer, NaiveCPeer)
+              OpenBlasPeer, MklPeer, OneDnnPeer, BlisPeer, ExoPeer, HalidePeer, NaiveCPeer)
 }
 
 
