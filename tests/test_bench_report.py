@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from kiln.bench.htmlreport import write_html
 from kiln.bench.report import (
     RECORD_KEYS,
     RunReport,
     load_json,
     make_record,
     to_markdown,
-    write_html,
     write_json,
 )
 

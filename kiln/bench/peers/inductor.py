@@ -25,6 +25,7 @@ class InductorPeer(Peer):
     kinds = frozenset({"gemm", "conv", "network"})
     strategies = ("default", "max-autotune")
     requirement = "torch==2.13.0"
+    approach = "compiler"
 
     def available(self) -> tuple[bool, str]:
         ok, why = try_import("torch", "torch._inductor.config", pip=self.requirement)

@@ -51,6 +51,7 @@ class NaiveCPeer(Peer):
     name = "naive-c"
     kinds = frozenset({"gemm"})
     requirement = "a C compiler with OpenMP (apt-get install gcc)"
+    approach = "compiler autovectorization"
 
     def available(self) -> tuple[bool, str]:
         if _cc.compiler() is None:

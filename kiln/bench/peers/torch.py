@@ -49,6 +49,7 @@ class TorchPeer(Peer):
     name = "torch"
     kinds = frozenset({"gemm", "conv", "network"})
     requirement = "torch==2.13.0"
+    approach = "runtime with vendor kernels"
 
     def available(self) -> tuple[bool, str]:
         return try_import("torch", "torch.fx.experimental.proxy_tensor", pip=self.requirement)
