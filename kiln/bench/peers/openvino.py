@@ -62,7 +62,12 @@ class OpenVinoPeer(Peer):
         strategy = self.check(workload, threads, strategy)
         run = compiled_runner(read_model(workload), threads, "f32" if strategy == "default" else None)
         feeds = {k: np.ascontiguousarray(v) for k, v in workload.inputs.items()}
-        return lambda: run(feeds)
+
+        def timed() -> list[np.ndarray]:
+            return run(feeds)
+
+        timed.keepalive = run.keepalive  # type: ignore[attr-defined]
+        return timed
 
     def prepare_precision(self, workload: Workload, threads: int, strategy: str, precision: str,
                           calibration: list[dict[str, np.ndarray]]) -> FeedRunner:
@@ -89,6 +94,12 @@ def read_model(workload: Workload) -> Any:
         shutil.rmtree(path.parent, ignore_errors=True)
 
 
+def precision_of(compiled: Any) -> str:
+    """The inference precision a compiled model runs at: 'f32', 'bf16', 'f16'."""
+    t = compiled.get_property("INFERENCE_PRECISION_HINT")
+    return str(t.get_type_name() if hasattr(t, "get_type_name") else t)
+
+
 def compiled_runner(model: Any, threads: int, precision_hint: str | None) -> FeedRunner:
     """Compile for "CPU" (threads, one stream, latency) with the given INFERENCE_PRECISION_HINT (None: OpenVINO's
     default, bf16 on CPUs with AVX512_BF16/AMX), checked to be what the compiled model reports."""
@@ -99,7 +110,7 @@ def compiled_runner(model: Any, threads: int, precision_hint: str | None) -> Fee
         config["INFERENCE_PRECISION_HINT"] = precision_hint
     compiled = core.compile_model(model, "CPU", config)
     if precision_hint is not None:
-        got = str(compiled.get_property("INFERENCE_PRECISION_HINT"))
+        got = precision_of(compiled)
         if got != precision_hint:
             raise PeerError(f"OpenVINO compiled with inference precision {got}, not {precision_hint}")
     req = compiled.create_infer_request()
