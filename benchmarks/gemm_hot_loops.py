@@ -44,7 +44,7 @@ def exo_rows(cpu: str) -> list[dict[str, Any]]:
     from kiln.isa.mca import estimate
     rows = []
     for isa in host_isas():
-        c, h, names = generate(isa)
+        c, h, names = generate(isa, (ISAS[isa].mr,))
         with tempfile.TemporaryDirectory(prefix="kiln-exo-asm-") as d:
             (Path(d) / "exo_gemm.c").write_text(c)
             (Path(d) / "exo_gemm.h").write_text(h)
@@ -52,7 +52,7 @@ def exo_rows(cpu: str) -> list[dict[str, Any]]:
             subprocess.run([cc, *FLAGS, *ISAS[isa].cflags, "-S", "-I", d, "-o", f"{d}/exo_gemm.s",
                             f"{d}/exo_gemm.c"], check=True, capture_output=True, text=True)
             asm = (Path(d) / "exo_gemm.s").read_text()
-        est = estimate(asm, names[-1], TRIPLE, cpu)
+        est = estimate(asm, names[ISAS[isa].mr], TRIPLE, cpu)
         rows.append({"system": f"exo:{isa} ({ISAS[isa].mr}x{ISAS[isa].nr})", **(est.to_dict() if est else {})})
     return rows
 

@@ -142,7 +142,7 @@ def test_protocol_precision_rows() -> None:
     from kiln.bench.kiln_system import KilnSystem
     from kiln.bench.peers.onnxruntime import OnnxRuntimePeer
     from kiln.bench.protocol import Contestant, ProtocolConfig, run
-    from kiln.bench.report import RunReport, precision_table
+    from kiln.bench.report import precision_table
 
     cfg = ProtocolConfig(threads=2, rounds=2, min_rounds=1, round_s=0.005, warmup_s=0.01, settle_s=0.05,
                          calibration_inputs=8, eval_inputs=10)

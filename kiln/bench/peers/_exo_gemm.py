@@ -20,11 +20,13 @@ hand-writes (the loop nest before → after each group of steps):
  5. unroll every loop but k: MR·NR/V accumulators, NR/V loads of B and MR broadcasts per k.
 
 ISAs: AVX-512 12×32 (24 zmm accumulators + 2 B vectors + 1 broadcast of 32 registers), AVX2 6×16 (12 + 2 + 1 of
-16 ymm). Exo's x86 library has no masked broadcast for partial tiles, so the M edge gets a kernel per row count
-1…MR (the same schedule with MR smaller) and the N edge is zero-padded (a packed B panel and a padded C).
+16 ymm). Exo's x86 library has no masked broadcast for partial tiles, so the M edge gets a kernel for its row count
+(the same schedule with MR smaller; the peer generates only the MR-row kernel and the one for M % MR) and the
+N edge is zero-padded (a packed B panel and a padded C).
 Imports Exo, so only the `exo` peer imports this module, inside prepare()."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,9 +134,11 @@ def schedule(isa: Isa, mr: int) -> Any:
     return simplify(_unroll_all(p, ("i0", "i1o", "i0o", "i", "jo")))
 
 
-def generate(isa_name: str) -> tuple[str, str, list[str]]:
-    """(C source, header, kernel names: mr = 1…MR) for one ISA; the header is named exo_gemm.h."""
+@functools.cache
+def generate(isa_name: str, rows: tuple[int, ...] | None = None) -> tuple[str, str, dict[int, str]]:
+    """(C source, header, {mr: kernel name}) for one ISA, a kernel per row count in `rows` (default 1…MR: every
+    edge); the header is named exo_gemm.h. Scheduling is the slow part (seconds per kernel), hence the cache."""
     isa = ISAS[isa_name]
-    procs = [schedule(isa, mr) for mr in range(1, isa.mr + 1)]
-    c, h = compile_procs_to_strings(procs, "exo_gemm.h")
-    return c, h, [p.name() for p in procs]
+    procs = {mr: schedule(isa, mr) for mr in sorted(set(rows or range(1, isa.mr + 1)))}
+    c, h = compile_procs_to_strings(list(procs.values()), "exo_gemm.h")
+    return c, h, {mr: p.name() for mr, p in procs.items()}

@@ -9,7 +9,7 @@ Strategies: `avx512` (12×32 tiles) and `avx2` (6×16); "default" is the widest 
 The driver, what a BLAS framework does around its microkernel and no more:
   * B (the constant weight) packed once at prepare into NR-column panels [N/NR][K][NR], zero-padded;
   * A packed on every call into MR-row panels [M/MR][K][MR] (the last panel holds the M % MR leftover rows and
-    gets the kernel made for that many rows);
+    gets the kernel made for that many rows: only the MR-row and that kernel are generated);
   * `#pragma omp for collapse(2)` over the (column panel, row panel) tiles, each tile one kernel call over the
     whole K (a thread's consecutive tiles share their B panel); C is written into a buffer padded to whole
     panels and returned as the [M, N] view of it.
@@ -31,7 +31,7 @@ DRIVER = r"""
 #include <stdint.h>
 #include "exo_gemm.h"
 typedef void (*tile_fn)(void *, int_fast32_t, const float *, const float *, struct exo_win_2f32);
-static const tile_fn TILES[MR + 1] = { 0, %(tiles)s };
+static const tile_fn TILES[MR + 1] = { %(tiles)s };  /* by row count: MR and the M % MR edge */
 
 /* B [K, N] -> Bp [ceil(N/NR)][K][NR], columns past N zero */
 void exo_pack_b(int K, int N, const float *B, float *Bp) {
@@ -83,13 +83,15 @@ def host_isas() -> list[str]:
     return out
 
 
-def build(isa: str) -> tuple[ctypes.CDLL, Any]:
-    """Run the Exo schedule for `isa`, compile its C with the driver; (library, the Isa)."""
+def build(isa: str, m: int) -> tuple[ctypes.CDLL, Any]:
+    """Run the Exo schedule for `isa` (the tiles an M-row GEMM calls), compile its C with the driver;
+    (library, the Isa)."""
     from kiln.bench.peers._exo_gemm import ISAS, generate
 
     spec = ISAS[isa]
-    c, h, names = generate(isa)
-    driver = DRIVER.replace("%(tiles)s", ", ".join(names))
+    rows = tuple(sorted({r for r in (spec.mr if m >= spec.mr else 0, m % spec.mr) if r}))
+    c, h, names = generate(isa, rows)
+    driver = DRIVER.replace("%(tiles)s", ", ".join(f"[{mr}] = {name}" for mr, name in names.items()))
     defs = (f"-DMR={spec.mr}", f"-DNR={spec.nr}")
     lib = _cc.build(f"exo-{isa}", {"exo_gemm.c": c, "exo_gemm.h": h, "driver.c": driver},
                     (*FLAGS, *spec.cflags, *defs))
@@ -127,7 +129,7 @@ class ExoPeer(Peer):
         if isa not in host_isas():
             raise PeerError(f"exo:{isa}: this CPU cannot run {isa} code")
         g = gemm_of(workload)
-        lib, spec = build(isa)
+        lib, spec = build(isa, g.m)
         mt, nt = -(-g.m // spec.mr), -(-g.n // spec.nr)
         bp = np.empty(nt * g.k * spec.nr, np.float32)
         lib.exo_pack_b(g.k, g.n, g.b.ctypes.data, bp.ctypes.data)
