@@ -4,7 +4,7 @@
   * ``ukernel`` — the compiler packs, tiles and parallelizes, and the inner MR×NR tile is a hand-written
     microkernel (kiln/ukernels, kiln/schedule/ukernel.py);
   * ``library`` — the whole operator is one call into a vendor library (``library:openblas``,
-    ``library:mkl``, ``library:onednn``; plain ``library`` = the first one installed), the epilogue a
+    ``library:mkl``, ``library:onednn``, ``library:blis``; plain ``library`` = the first one installed), the epilogue a
     separate kernel after it (kiln/library, kiln/schedule/library.py);
   * ``auto``    — per operator the fastest of the above, measured on the target at compile time.
 
@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from kiln.graph.ir import Graph
 
 STRATEGIES: tuple[str, ...] = ("direct", "ukernel", "library", "auto")
-LIBRARIES: tuple[str, ...] = ("mkl", "openblas", "onednn")  # `library` alone picks the first available
+LIBRARIES: tuple[str, ...] = ("mkl", "openblas", "onednn", "blis")  # `library` alone picks the first available
 ANCHOR_OPS: tuple[str, ...] = ("MatMul", "Conv")
 
 

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from kiln.bench.htmlreport import write_html
 from kiln.bench.report import (
     RECORD_KEYS,
     RunReport,
     load_json,
     make_record,
     to_markdown,
-    write_html,
     write_json,
 )
 
@@ -147,3 +147,28 @@ def test_html_renders_in_chromium(tmp_path):
     shot = tmp_path / "shot.png"
     res = _chromium(["--window-size=1200,2400", f"--screenshot={shot}", page.as_uri()], tmp_path)
     assert res.returncode == 0 and shot.stat().st_size > 10_000
+
+
+def test_markdown_groups_columns_by_how_kernels_are_built():
+    """The strategy section places BLIS/XNNPACK beside Kiln's ukernel, Exo as synthesized, MKL with libraries;
+    the systems that are never run are listed with their reasons."""
+    recs = [
+        _rec("gemm_1024", "kiln", 11.0, "direct", approach="direct emission"),
+        _rec("gemm_1024", "kiln", 10.0, "ukernel", approach="hand-written microkernels"),
+        _rec("gemm_1024", "blis", 12.5, approach="hand-written microkernels"),
+        _rec("gemm_1024", "xnnpack", 9.0, approach="hand-written microkernels"),
+        _rec("gemm_1024", "exo", 13.2, "avx512", approach="synthesized kernels"),
+        _rec("gemm_1024", "mkl", 8.8, approach="vendor libraries"),
+        _rec("gemm_1024", "halide", None, "hand", ok=False, approach="scheduled kernels (DSL)"),
+    ]
+    info = {**sample_report().info, "not_run": {"tensorrt": "GPU-only (NVIDIA CUDA)"}}
+    md = to_markdown(RunReport(info=info, records=recs))
+    section = md.split("## How the kernels are built")[1].split("\n## ")[0]
+    header = next(line for line in section.splitlines() if line.startswith("| workload"))
+    assert header.split(" | ")[1:4] == ["direct emission", "hand-written microkernels", "synthesized kernels"]
+    assert "scheduled kernels (DSL)" not in header   # no column that ran nothing
+    row = next(line for line in section.splitlines() if line.startswith("| gemm_1024"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1:4] == ["kiln:direct 11", "xnnpack 9, kiln:ukernel 10, blis 12.5", "exo:avx512 13.2"]
+    assert cells[-3:] == ["0.82", "1.20", "0.80"]   # best of each group ÷ kiln:direct (9/11, 13.2/11, 8.8/11)
+    assert "## Systems not run here" in md and "- tensorrt: GPU-only (NVIDIA CUDA)" in md

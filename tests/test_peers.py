@@ -239,7 +239,7 @@ def test_process_wide_thread_count_is_enforced(name: str) -> None:
 
 def test_registry_and_kinds() -> None:
     assert set(PEERS) == {"onnxruntime", "torch", "inductor", "jax", "tvm", "iree", "openvino", "openblas",
-                          "mkl", "onednn", "halide", "naive-c"}
+                          "mkl", "onednn", "blis", "exo", "xnnpack", "halide", "naive-c"}
     assert [p.name for p in get_peers(["mkl", "onnxruntime"])] == ["mkl", "onnxruntime"]
     with pytest.raises(KeyError, match="nosuch"):
         get_peers(["nosuch"])
@@ -248,6 +248,31 @@ def test_registry_and_kinds() -> None:
         assert p.name == name and p.kinds <= {"gemm", "conv", "network", "torch"} and p.strategies
         ok, why = p.available()
         assert ok or why, f"{name} unavailable without a reason"
+
+
+def test_systems_not_run_say_why() -> None:
+    """TACO, Glow, onnx-mlir and the GPU libraries are listed with a reason, and asking for one is that reason."""
+    from kiln.bench.peers import NOT_RUN
+    from kiln.bench.systems import resolve
+
+    assert {"taco", "glow", "onnx-mlir", "cudnn", "cublas", "tensorrt"} <= set(NOT_RUN)
+    assert not set(NOT_RUN) & set(PEERS)
+    with pytest.raises(KeyError, match="tensorrt is not run by kiln bench: GPU-only"):
+        resolve("tensorrt")
+    with pytest.raises(KeyError, match="taco: no installable package"):
+        get_peers(["taco"])
+
+
+def test_every_peer_says_how_it_builds_kernels() -> None:
+    from kiln.bench.report import APPROACHES
+    from kiln.bench.systems import approach
+
+    for name, cls in PEERS.items():
+        assert cls.approach, f"{name} has no approach"
+    assert approach(PEERS["blis"]()) == approach(PEERS["xnnpack"]()) == approach("kiln", "ukernel") \
+        == "hand-written microkernels"
+    assert approach(PEERS["exo"]()) == "synthesized kernels" and approach("kiln", "direct") == "direct emission"
+    assert {approach(p()) for p in PEERS.values()} & set(APPROACHES)
 
 
 def test_gemm_only_peers_reject_networks() -> None:

@@ -51,6 +51,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--isa-strategies", default="direct,ukernel", metavar="S1,S2", help="Kiln strategies for --isa")
     p.add_argument("--isa-vlen", type=int, metavar="BITS",
                    help="vector length for the emulated runs (default: the llvm-mca core's: SVE 256, RVV 512)")
+    p.add_argument("--precision", default="fp32", metavar="P1,P2",
+                   help="precisions to measure, of fp32,int8,bf16 (kiln/bench/precision.py): each system that has "
+                   "the precision gets a row per precision, int8 quantized by its own tool on the same calibration "
+                   "inputs, with its quality against its own fp32 build")
+    p.add_argument("--calibration-inputs", type=int, default=ProtocolConfig.calibration_inputs, metavar="N",
+                   help="int8: calibration inputs per workload")
+    p.add_argument("--eval-inputs", type=int, default=ProtocolConfig.eval_inputs, metavar="N",
+                   help="int8/bf16: evaluation inputs for the quality columns (0: none)")
     p.add_argument("--list", action="store_true", help="list suites, workloads and systems")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -84,7 +92,9 @@ def contestants(args: argparse.Namespace) -> list[Any]:
     from .protocol import Contestant
     from .systems import select
     every, per = parse_strategies(args.strategy)
-    out = [Contestant(s, st) for s in select(args.systems) for st in strategies_for(s, every, per)]
+    precisions = precisions_of(args)
+    out = [Contestant(s, st, p) for s in select(args.systems) for st in strategies_for(s, every, per)
+           for p in precisions if p == "fp32" or p in getattr(s, "precisions", ("fp32",))]
     if args.ablate:
         opts = pass_options()
         if not any(c.name == "kiln" for c in out):
@@ -103,6 +113,11 @@ def contestants(args: argparse.Namespace) -> list[Any]:
     return out
 
 
+def precisions_of(args: argparse.Namespace) -> list[str]:
+    from .precision import check_precision
+    return [check_precision(p) for p in _csv(getattr(args, "precision", "fp32") or "fp32")]
+
+
 def workload_names(args: argparse.Namespace) -> list[str]:
     if args.workloads:
         names = [n.strip() for n in args.workloads.split(",") if n.strip()]
@@ -118,12 +133,14 @@ def _csv(text: str) -> list[str]:
 
 
 def _list() -> int:
-    from .systems import default_systems
+    from .systems import default_systems, not_run_systems
     for suite, names in wl.SUITES.items():
         print(f"suite {suite}: {', '.join(names)}")
     for s in default_systems():
         print(f"system {s.name}: kinds {', '.join(sorted(s.kinds))}; "
-              f"strategies {', '.join(s.strategies)}")
+              f"strategies {', '.join(s.strategies)}; precisions {', '.join(getattr(s, 'precisions', ('fp32',)))}")
+    for name, why in not_run_systems().items():
+        print(f"not run {name}: {why}")
     return 0
 
 
@@ -131,10 +148,12 @@ def _info(args: argparse.Namespace, names: list[str], cfg: Any) -> dict[str, Any
     from dataclasses import asdict
 
     from .roofline import machine_info, measure
+    from .systems import not_run_systems
     info: dict[str, Any] = {
         "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "suite": args.suite if not args.workloads else "custom", "workloads": names,
         "threads": args.threads, "machine": machine_info(), "config": asdict(cfg),
+        "precisions": precisions_of(args), "not_run": not_run_systems(),
     }
     if not args.no_roofline:
         print(f"measuring the roofline on {args.threads} threads ...", file=sys.stderr)
@@ -146,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
     from .progress import Progress
     from .protocol import ProtocolConfig
     from .protocol import run as run_protocol
-    from .report import RunReport, to_markdown, write_html, write_json, write_markdown
+    from .report import RunReport, to_markdown, write_json, write_markdown
     if args.list:
         return _list()
     try:
@@ -156,7 +175,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"kiln bench: {exc}", file=sys.stderr)
         return 2
     cfg = ProtocolConfig(threads=args.threads, rounds=args.repeat, prepare_timeout_s=args.timeout,
-                         settle_s=args.settle)
+                         settle_s=args.settle, calibration_inputs=args.calibration_inputs,
+                         eval_inputs=args.eval_inputs)
     if args.isa_only:
         args.no_roofline = True   # nothing is timed: no peak to compare with
     report = RunReport(info=_info(args, names, cfg))
@@ -180,13 +200,18 @@ def run(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     print(to_markdown(report))
-    for path, write in ((args.json, write_json), (args.md, write_markdown), (args.html, write_html)):
+    for path, write in ((args.json, write_json), (args.md, write_markdown), (args.html, _write_html)):
         if path:
             write(report, path)
             print(f"wrote {path}", file=sys.stderr)
     wrong = [r for r in records if r["system"] == "kiln" and r.get("status") == "wrong"]
     wrong += [r for r in report.info.get("isa", {}).get("records", []) if r.get("status") == "wrong"]
     return 1 if wrong else 0
+
+
+def _write_html(report: Any, path: str) -> None:
+    from .htmlreport import write_html  # matplotlib is heavy: only when a page is asked for
+    write_html(report, path)
 
 
 def main(argv: list[str] | None = None) -> int:

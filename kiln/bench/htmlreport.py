@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import html
+from pathlib import Path
 from typing import Any
 
 from . import plots
@@ -216,3 +217,7 @@ def render_html(report: RunReport) -> str:
     ])
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
             f"<style>{CSS}</style></head><body>{body}</body></html>\n")
+
+
+def write_html(report: RunReport, path: str | Path) -> None:
+    Path(path).write_text(render_html(report))

@@ -140,3 +140,36 @@ class KilnSystem:
             with torch.no_grad():
                 return outputs_to_numpy(compiled(*xs))
         return run
+
+    # ---- `kiln bench --precision`: the contracts of kiln.quantize and compile(precision=) --------------------
+    precisions: tuple[str, ...] = ("fp32", "int8", "bf16")
+
+    def precision_available(self, precision: str) -> tuple[bool, str]:
+        """int8 needs `kiln.quantize(model, calibration_feeds) -> ModelProto` (QDQ), bf16 `kiln.compile(model,
+        precision="bf16")`: until a build has them, the row says so."""
+        ok, why = self.available()
+        if not ok or precision == "fp32":
+            return ok, why
+        import kiln
+        if precision == "int8" and not callable(getattr(kiln, "quantize", None)):
+            return False, "not available in this build (kiln.quantize does not exist)"
+        if precision == "bf16" and not _accepts(kiln.compile, "precision"):
+            return False, "not available in this build (kiln.compile has no precision= keyword)"
+        if precision not in self.precisions:
+            return False, f"kiln has no {precision} path"
+        return True, ""
+
+    def prepare_precision(self, workload: Workload, threads: int, strategy: str, precision: str,
+                          calibration: list[dict[str, np.ndarray]]) -> Callable[[dict[str, np.ndarray]], list]:
+        import kiln
+        kwargs = compile_kwargs(strategy, threads)
+        if _accepts(kiln.compile, "cache"):
+            kwargs["cache"] = False
+        model = workload.build_model()
+        if precision == "int8":
+            model = kiln.quantize(model, calibration)
+        elif precision == "bf16":
+            kwargs["precision"] = "bf16"
+        exe = kiln.compile(model, **kwargs)
+        self._exes.append(exe)
+        return exe.run

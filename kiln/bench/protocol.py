@@ -25,8 +25,11 @@ from typing import Any
 import numpy as np
 
 from .procs import Worker, WorkerError
+from .reference import Reference, check, reference
 from .report import make_record
 from .workload import Workload
+
+Progress = Callable[[str], None]  # told what happens now, e.g. "gemm_1024 kiln:direct round 3/10"
 
 
 @dataclass
@@ -46,6 +49,8 @@ class ProtocolConfig:
     # pause, 55 ms with 0.3 s, 47 ms with 0.6 s.
     settle_s: float = 1.0
     seed: int = 0                # the order of the systems is shuffled every round (seeded)
+    calibration_inputs: int = 100  # low precision: inputs each system's quantizer calibrates on (precision.py)
+    eval_inputs: int = 500         # low precision: inputs its quality against its own fp32 build is measured on
 
 
 @dataclass
@@ -53,6 +58,7 @@ class Contestant:
     """One (system, strategy) pair, measured in its own worker process."""
     system: Any
     strategy: str
+    precision: str = "fp32"      # `kiln bench --precision`: fp32, int8 or bf16 (kiln/bench/precision.py)
     worker: Worker | None = None
     available: bool = False
     reason: str = ""
@@ -68,6 +74,8 @@ class Contestant:
     status: str = ""
     why: str = ""
     started: bool = False
+    note: str = ""
+    quality: dict[str, Any] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -75,79 +83,7 @@ class Contestant:
 
     @property
     def label(self) -> str:
-        return f"{self.name}:{self.strategy}"
-
-
-@dataclass
-class Reference:
-    outputs: list[np.ndarray] | None
-    bytes: float                 # compulsory memory traffic: inputs + weights + outputs
-    error: str = ""
-
-
-Progress = Callable[[str], None]  # told what happens now, e.g. "gemm_1024 kiln:direct round 3/10"
-
-
-# ---- reference and checking ---------------------------------------------------------------------
-
-def reference(w: Workload, threads: int) -> Reference:
-    in_bytes = float(sum(a.nbytes for a in w.inputs.values()))
-    if w.gemm is not None:
-        g = w.gemm
-        out = g.a.astype(np.float64) @ g.b.astype(np.float64)
-        return Reference([out], in_bytes + g.b.nbytes + 4.0 * g.m * g.n)
-    if w.build_torch is not None:
-        try:
-            outs, weights = _eager_float64(w)
-        except Exception as exc:  # reported per record as 'unchecked'
-            return Reference(None, in_bytes, f"reference failed: {type(exc).__name__}: {exc}")
-        return Reference(outs, in_bytes + weights + sum(o.nbytes / 2 for o in outs))
-    try:
-        model = w.build_model()
-        weights = float(sum(int(np.prod(t.dims)) * 4 for t in model.graph.initializer))
-        outs = _onnxruntime(model, w.inputs, threads)
-    except Exception as exc:  # reported per record as 'unchecked'
-        return Reference(None, in_bytes, f"reference failed: {type(exc).__name__}: {exc}")
-    return Reference(outs, in_bytes + weights + sum(o.nbytes for o in outs))
-
-
-def _eager_float64(w: Workload) -> tuple[list[np.ndarray], float]:
-    """A torch workload's outputs from eager PyTorch in float64 (its reference), and its float32 weight bytes."""
-    import torch
-
-    module, _ = w.build_torch()
-    weights = float(sum(t.numel() * 4 for t in module.state_dict().values() if t.is_floating_point()))
-    xs = [torch.from_numpy(np.asarray(a, dtype=np.float64)) for a in w.inputs.values()]
-    with torch.no_grad():
-        outs = module.double().eval()(*xs)
-    return [o.numpy() for o in (outs if isinstance(outs, (tuple, list)) else [outs])], weights
-
-
-def _onnxruntime(model: Any, feeds: dict[str, np.ndarray], threads: int) -> list[np.ndarray]:
-    import onnxruntime as ort
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    return [np.asarray(o) for o in sess.run(None, feeds)]
-
-
-def check(outputs: Sequence[Any], ref: Sequence[np.ndarray], tol: float) -> tuple[bool, float, str]:
-    """(ok, max_rel_err, reason). Same-size outputs of another shape are compared flattened."""
-    if len(outputs) != len(ref):
-        return False, math.inf, f"{len(outputs)} outputs, expected {len(ref)}"
-    worst = 0.0
-    for i, (out, want) in enumerate(zip(outputs, ref)):
-        out = np.asarray(out)
-        if out.size != want.size:
-            return False, math.inf, f"output {i} has shape {out.shape}, expected {want.shape}"
-        diff = np.abs(out.reshape(want.shape).astype(np.float64) - want)
-        scale = float(np.max(np.abs(want))) if want.size else 0.0
-        err = float(np.max(diff)) / (scale or 1.0) if want.size else 0.0
-        worst = max(worst, err if math.isfinite(err) else math.inf)
-    if worst > tol:
-        return False, worst, f"max relative error {worst:.3g} > {tol:g}"
-    return True, worst, ""
+        return f"{self.name}:{self.strategy}" + ("" if self.precision == "fp32" else f"@{self.precision}")
 
 
 # ---- workers ------------------------------------------------------------------------------------
@@ -170,7 +106,7 @@ def start(c: Contestant, cfg: ProtocolConfig) -> None:
     try:
         c.worker = Worker(c.label, cfg.threads)
         _, c.available, c.reason, c.version = c.worker.request(
-            ("setup", _payload(c.system), c.strategy), timeout=cfg.prepare_timeout_s)
+            ("setup", _payload(c.system), c.strategy, c.precision), timeout=cfg.prepare_timeout_s)
     except WorkerError as exc:
         c.available, c.reason = False, f"setup {exc.status}: {exc.reason}"
     if not c.available:
@@ -188,33 +124,57 @@ def stop(c: Contestant) -> None:
 def _record(w: Workload, c: Contestant, cfg: ProtocolConfig, ref: Reference, peak: float | None,
             **fields: Any) -> dict[str, Any]:
     fields.setdefault("status", "ok" if fields.get("ok") else "wrong")
+    from .systems import approach
+    extra = {"precision": c.precision, "approach": approach(c.system, c.strategy), **c.quality}
+    if c.note:
+        extra["note"] = c.note
     return make_record(w.name, c.name, c.strategy, cfg.threads, c.version, flops=w.flops,
-                       peak_gflops=peak, kind=w.kind, bytes=ref.bytes, **fields)
+                       peak_gflops=peak, kind=w.kind, bytes=ref.bytes, **extra, **fields)
 
 
 def _prepare(w: Workload, c: Contestant, cfg: ProtocolConfig, ref: Reference,
              peak: float | None) -> dict[str, Any] | None:
     """Compile and check. None when the contestant may be timed, else its final record."""
-    c.compile_s, c.err = None, None
+    c.compile_s, c.err, c.note, c.quality = None, None, "", {}
     if not c.started or (c.available and (c.worker is None or not c.worker.alive)):
         start(c, cfg)  # first use, or it died on an earlier workload
     if not c.available:
         return _record(w, c, cfg, ref, peak, ok=False, status="unavailable", reason=c.reason)
     try:
-        _, compile_s, first_s, outs = c.worker.request(("prepare", w, cfg.threads),
-                                                       timeout=cfg.prepare_timeout_s)
+        _, compile_s, first_s, outs, c.note = c.worker.request(
+            ("prepare", w, cfg.threads, {"calibration_inputs": cfg.calibration_inputs}), timeout=cfg.prepare_timeout_s)
     except WorkerError as exc:
         return _record(w, c, cfg, ref, peak, ok=False, status=exc.status, reason=exc.reason)
     c.samples, c.est_s, c.compile_s = [], first_s, compile_s
     if ref.outputs is None:  # cannot be checked: timed, but never reported ok
         c.ok, c.err, c.status, c.why = False, None, "unchecked", ref.error
         return None
-    ok, err, why = check(outs, ref.outputs, cfg.tolerance)
+    ok, err, why = check(outs, ref.outputs, cfg.tolerance) if c.precision == "fp32" else \
+        check_low_precision(outs, ref.outputs, c.precision)
     if not ok:
         return _record(w, c, cfg, ref, peak, ok=False, max_rel_err=err, compile_s=compile_s,
                        status="wrong", reason=why)
+    if c.precision != "fp32" and cfg.eval_inputs > 0:
+        try:
+            c.quality = c.worker.request(("quality", cfg.eval_inputs), timeout=cfg.prepare_timeout_s)[1]
+        except WorkerError as exc:
+            return _record(w, c, cfg, ref, peak, ok=False, status=exc.status, compile_s=compile_s,
+                           reason=f"quality evaluation failed: {exc.reason}")
     c.ok, c.err, c.status, c.why = True, err, "ok", ""
     return None
+
+
+def check_low_precision(outs: Sequence[Any], ref: Sequence[np.ndarray], precision: str) -> tuple[bool, float, str]:
+    """An int8/bf16 run against the fp32 reference: its output SNR must reach precision.SNR_FLOOR (a wrong
+    result, not a lossy one, misses it); returns (ok, max_rel_err, reason)."""
+    from .precision import SNR_FLOOR, snr_db
+    _, err, why = check(outs, ref, math.inf)
+    if why:  # shapes or counts differ
+        return False, err, why
+    snr = snr_db([np.asarray(o) for o in outs], list(ref))
+    if not snr >= SNR_FLOOR[precision]:  # NaN fails too
+        return False, err, f"output SNR {snr:.1f} dB against fp32 < {SNR_FLOOR[precision]:g} dB ({precision} floor)"
+    return True, err, ""
 
 
 def _run(c: Contestant, calls: int, cfg: ProtocolConfig) -> list[float]:

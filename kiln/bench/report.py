@@ -81,7 +81,13 @@ def load_json(path: str | Path) -> RunReport:
 
 def label(rec: dict[str, Any]) -> str:
     strat = rec.get("strategy") or "default"
-    return rec["system"] if strat == "default" else f"{rec['system']}:{strat}"
+    base = rec["system"] if strat == "default" else f"{rec['system']}:{strat}"
+    precision = rec.get("precision") or "fp32"
+    return base if precision == "fp32" else f"{base}@{precision}"
+
+
+def is_fp32(rec: dict[str, Any]) -> bool:
+    return (rec.get("precision") or "fp32") == "fp32"
 
 
 def _fmt(x: float | None, spec: str = ".3g") -> str:
@@ -97,7 +103,7 @@ def by_workload(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]
 
 def baseline_ms(recs: list[dict[str, Any]], system: str) -> float | None:
     """The time of one system on one workload: kiln's default strategy first, else its best."""
-    timed = [r for r in recs if r["system"] == system and r["ok"] and r["median_ms"]
+    timed = [r for r in recs if r["system"] == system and r["ok"] and r["median_ms"] and is_fp32(r)
              and not str(r.get("strategy", "")).startswith("ablate:")]
     if not timed:
         return None
@@ -232,6 +238,58 @@ def tuning_table(records: list[dict[str, Any]]) -> list[str]:
             *rows, f"| geometric mean | | | {geo:.3f} | |"]
 
 
+# How each column builds its kernels, in the order the strategy section lists them (kiln.bench.systems.approach).
+APPROACHES: tuple[str, ...] = ("direct emission", "hand-written microkernels", "synthesized kernels",
+                               "scheduled kernels (DSL)", "vendor libraries")
+
+
+def approach_table(records: list[dict[str, Any]]) -> list[str]:
+    """Per workload, every fp32 column grouped by how it builds its kernels: Kiln's direct emission, hand-written
+    microkernels (Kiln's ukernel strategy, BLIS, XNNPACK), synthesized kernels (Exo), scheduled (Halide), vendor
+    libraries (Kiln's library strategy, MKL, OpenBLAS, oneDNN); median ms, and the best ÷ kiln:direct."""
+    shown = [a for a in APPROACHES if any(r.get("approach") == a and r["ok"] for r in records)]
+    if len(shown) < 2:
+        return []
+    lines = ["| workload | " + " | ".join(shown) + " | " + " | ".join(f"best {a} ÷ direct" for a in shown[1:])
+             + " |", "|---|" + "---|" * len(shown) + "---:|" * (len(shown) - 1)]
+    for workload, recs in by_workload(records).items():
+        cells, best = [], {}
+        for a in shown:
+            timed = sorted((r for r in recs if r.get("approach") == a and r["ok"] and r["median_ms"] and is_fp32(r)),
+                           key=lambda r: r["median_ms"])
+            cells.append(", ".join(f"{label(r)} {r['median_ms']:.4g}" for r in timed) or "·")
+            best[a] = timed[0]["median_ms"] if timed else None
+        direct = best.get("direct emission")
+        lines.append(f"| {workload} | " + " | ".join(cells) + " | "
+                     + " | ".join(_ratio(best[a], direct) for a in shown[1:]) + " |")
+    return lines
+
+
+def precision_table(records: list[dict[str, Any]]) -> list[str]:
+    """Every low-precision row beside its own fp32 row and onnxruntime's: time ratios and quality."""
+    low = [r for r in records if not is_fp32(r)]
+    if not low:
+        return []
+    lines = ["| workload | system | precision | ms | ÷ own fp32 | ÷ onnxruntime fp32 | top-1 agreement | "
+             "SNR dB | max rel err | status |", "|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    for workload, recs in by_workload(records).items():
+        ort = baseline_ms(recs, "onnxruntime")
+        for r in (x for x in recs if not is_fp32(x)):
+            own = next((x["median_ms"] for x in recs if x["system"] == r["system"] and is_fp32(x) and x["ok"]
+                        and x.get("strategy") == r.get("strategy")), None)
+            top1 = r.get("top1_agreement")
+            lines.append(f"| {workload} | {r['system']}:{r.get('strategy')} | {r['precision']} | "
+                         f"{_fmt(r['median_ms'], '.4g')} | {_ratio(r['median_ms'], own)} "
+                         f"| {_ratio(r['median_ms'], ort)} "
+                         f"| {'–' if top1 is None else f'{100 * top1:.1f}%'} | {_fmt(r.get('snr_db'), '.1f')} "
+                         f"| {_fmt(r.get('quality_max_rel_err'), '.2g')} | {_status(r)} |")
+    return lines
+
+
+def not_run_lines(info: dict[str, Any]) -> list[str]:
+    return [f"- {name}: {why}" for name, why in (info.get("not_run") or {}).items()]
+
+
 def to_markdown(report: RunReport) -> str:
     lines = _header(report.info)
     if report.records:   # none after `--isa-only`
@@ -242,6 +300,16 @@ def to_markdown(report: RunReport) -> str:
     tuned = tuning_table(report.records)
     if tuned:
         lines += ["", "## What tuning contributes (kiln tune; default = the untuned direct build)", "", *tuned]
+    by_approach = approach_table(report.records)
+    if by_approach:
+        lines += ["", "## How the kernels are built: direct emission, hand-written microkernels, synthesized, "
+                  "libraries (median ms)", "", *by_approach]
+    low = precision_table(report.records)
+    if low:
+        lines += ["", "## Low precision (quality against the same system's fp32 build, "
+                  f"{report.info.get('config', {}).get('eval_inputs', '?')} evaluation inputs)", "", *low]
+    if not_run_lines(report.info):
+        lines += ["", "## Systems not run here", "", *not_run_lines(report.info)]
     for workload, recs in by_workload(report.records).items():
         kind = recs[0].get("kind", "")
         flops = recs[0].get("flops")
@@ -258,8 +326,3 @@ def to_markdown(report: RunReport) -> str:
 
 def write_markdown(report: RunReport, path: str | Path) -> None:
     Path(path).write_text(to_markdown(report))
-
-
-def write_html(report: RunReport, path: str | Path) -> None:
-    from .htmlreport import render_html  # matplotlib is heavy: only when a page is asked for
-    Path(path).write_text(render_html(report))

@@ -20,6 +20,27 @@ def peer_systems() -> list[Any]:
     return [p() if isinstance(p, type) else p for p in found]
 
 
+def not_run_systems() -> dict[str, str]:
+    """Systems of the tool list the bench cannot run here → why (kiln.bench.peers.NOT_RUN)."""
+    try:
+        from .peers import NOT_RUN
+    except ImportError:
+        return {}
+    return dict(NOT_RUN)
+
+
+def approach(system: Any, strategy: str = "default") -> str:
+    """How a system builds its kernels, for the report's strategy section: Kiln's strategies by name, a peer by
+    its `approach` attribute ('' when it does not say)."""
+    if system == "kiln" or getattr(system, "name", None) == "kiln":
+        return KILN_APPROACH.get(strategy.split(":")[0], "")
+    return str(getattr(system, "approach", ""))
+
+
+KILN_APPROACH = {"direct": "direct emission", "default": "direct emission", "ukernel": "hand-written microkernels",
+                 "library": "vendor libraries", "auto": "per-operator choice"}
+
+
 def resolve(name: str) -> Any:
     """One system by name. `pkg.module:attr` imports attr (a class is instantiated) - for tests and
     for systems that live outside the project."""
@@ -33,6 +54,9 @@ def resolve(name: str) -> Any:
     for peer in peer_systems():
         if peer.name == name:
             return peer
+    not_run = not_run_systems()
+    if name in not_run:
+        raise KeyError(f"{name} is not run by kiln bench: {not_run[name]}")
     known = ", ".join(["kiln", *(p.name for p in peer_systems())])
     raise KeyError(f"unknown system {name!r}; known: {known}")
 

@@ -6,12 +6,19 @@ not take the run down or slow the others; the parent still interleaves the syste
 Started as `python -m kiln.bench.worker READ_FD WRITE_FD` with the thread-count variables already
 in its environment. Messages are pickled tuples; every request gets exactly one reply:
 
-    ("setup", system or name, strategy) -> ("ok", available, reason, version)
-    ("prepare", workload, threads)      -> ("ok", compile_s, first_s, outputs)
+    ("setup", system or name, strategy[, precision]) -> ("ok", available, reason, version)
+    ("prepare", workload, threads[, {"calibration_inputs": n}])
+                                        -> ("ok", compile_s, first_s, outputs, note)
+    ("quality", n)                      -> ("ok", {eval_inputs, snr_db, quality_max_rel_err, top1_agreement})
     ("run", calls)                      -> ("ok", [seconds per call, ...])
     ("drop",)                           -> ("ok",)
     ("exit",)                           -> ("ok",) and the process ends
 Any exception becomes ("error", "Type: message", traceback) and the worker keeps serving.
+
+A precision other than fp32 (`kiln bench --precision`) prepares through the system's `prepare_precision` with the
+calibration inputs of kiln/bench/precision.py (the quantization happens here, in compile time), and "quality"
+compares it with the same system's fp32 build on the evaluation inputs. `note` is what the system's runner says
+about itself (`run.note`, e.g. the operators XNNPACK did not take), or "".
 """
 from __future__ import annotations
 
@@ -30,14 +37,23 @@ class _State:
         self.system: Any = None
         self.strategy = "default"
         self.fn: Any = None
+        self.precision = "fp32"
+        self.feed_runner: Any = None
+        self.workload: Any = None
+        self.threads = 1
 
 
-def _setup(st: _State, system: Any, strategy: str) -> tuple:
+def _setup(st: _State, system: Any, strategy: str, precision: str = "fp32") -> tuple:
     if isinstance(system, str):  # the parent could not pickle it: rebuild it here by name
         from .systems import resolve
         system = resolve(system)
-    st.system, st.strategy = system, strategy
-    ok, reason = system.available()
+    st.system, st.strategy, st.precision = system, strategy, precision
+    if precision == "fp32":
+        ok, reason = system.available()
+    elif hasattr(system, "precision_available"):
+        ok, reason = system.precision_available(precision)
+    else:
+        ok, reason = False, f"{system.name} has no {precision} path in kiln bench"
     version = ""
     if ok:
         try:
@@ -47,15 +63,43 @@ def _setup(st: _State, system: Any, strategy: str) -> tuple:
     return ("ok", bool(ok), str(reason), version)
 
 
-def _prepare(st: _State, workload: Any, threads: int) -> tuple:
-    st.fn = None
+def _prepare(st: _State, workload: Any, threads: int, options: dict[str, Any] | None = None) -> tuple:
+    st.fn = st.feed_runner = None
+    st.workload, st.threads = workload, threads
     t0 = time.perf_counter()
-    fn = st.system.prepare(workload, threads, strategy=st.strategy)
+    if st.precision == "fp32":
+        fn = st.system.prepare(workload, threads, strategy=st.strategy)
+    else:
+        from .precision import CALIBRATION_INPUTS, calibration_feeds
+        n = (options or {}).get("calibration_inputs", CALIBRATION_INPUTS)
+        fr = st.system.prepare_precision(workload, threads, st.strategy, st.precision, calibration_feeds(workload, n))
+        feeds = workload.inputs
+        fn = _bound(fr, feeds)
+        st.feed_runner = fr
     t1 = time.perf_counter()
     outs = fn()
     t2 = time.perf_counter()
     st.fn = fn
-    return ("ok", t1 - t0, t2 - t1, [np.array(o, copy=True) for o in outs])
+    note = str(getattr(fn, "note", "") or getattr(st.feed_runner, "note", "") or "")
+    return ("ok", t1 - t0, t2 - t1, [np.array(o, copy=True) for o in outs], note)
+
+
+def _bound(fr: Any, feeds: dict[str, Any]) -> Any:
+    def run() -> Any:
+        return fr(feeds)
+    return run
+
+
+def _quality(st: _State, n: int) -> tuple:
+    """The low-precision build against the same system's fp32 build on `n` evaluation inputs."""
+    from .precision import evaluate
+    if st.feed_runner is None:
+        raise ValueError("quality: nothing prepared at a low precision")
+    fp32 = st.system.prepare_precision(st.workload, st.threads, st.strategy, "fp32", [])
+    try:
+        return ("ok", evaluate(st.feed_runner, fp32, st.workload, n))
+    finally:
+        del fp32
 
 
 def _run(st: _State, calls: int) -> tuple:
@@ -71,13 +115,15 @@ def _run(st: _State, calls: int) -> tuple:
 def _handle(st: _State, msg: tuple) -> tuple:
     op = msg[0]
     if op == "setup":
-        return _setup(st, msg[1], msg[2])
+        return _setup(st, *msg[1:])
     if op == "prepare":
-        return _prepare(st, msg[1], msg[2])
+        return _prepare(st, *msg[1:])
+    if op == "quality":
+        return _quality(st, msg[1])
     if op == "run":
         return _run(st, msg[1])
     if op == "drop":
-        st.fn = None
+        st.fn = st.feed_runner = st.workload = None
         return ("ok",)
     raise ValueError(f"unknown request {op!r}")
 

@@ -183,8 +183,8 @@ def analyze_cross(workload: Any, target: str, strategy: str, workdir: str, vlen:
 
 
 def _check(workload: Any, outputs: Sequence[np.ndarray]) -> tuple[bool, float, str]:
-    from kiln.bench.protocol import _onnxruntime, check
-    ref = _onnxruntime(workload.build_model(), workload.inputs, 1)
+    from kiln.bench.reference import check, onnxruntime_outputs
+    ref = onnxruntime_outputs(workload.build_model(), workload.inputs, 1)
     return check(list(outputs), ref, TOLERANCE)
 
 

@@ -1,4 +1,4 @@
-"""Vendor libraries behind the `library` strategy (kiln/strategy.py): OpenBLAS, MKL and oneDNN through ctypes.
+"""Vendor libraries behind the `library` strategy (kiln/strategy.py): OpenBLAS, MKL, oneDNN and BLIS through ctypes.
 
 Compiled code calls a library routine by name (a `Call` in the loop nest, kiln/schedule/library.py); the
 object file leaves the symbol undefined and `kiln.meta["symbols"]` lists it. When an Executable is loaded,
@@ -18,10 +18,10 @@ from types import ModuleType
 import llvmlite.binding as llvm
 
 from kiln.errors import KilnError
-from kiln.library import mkl, onednn, openblas
+from kiln.library import blis, mkl, onednn, openblas
 from kiln.strategy import LIBRARIES
 
-MODULES: dict[str, ModuleType] = {m.NAME: m for m in (mkl, openblas, onednn)}
+MODULES: dict[str, ModuleType] = {m.NAME: m for m in (mkl, openblas, onednn, blis)}
 SYMBOL_LIBRARY: dict[str, str] = {s: m.NAME for m in MODULES.values() for s in m.SYMBOLS}
 assert set(MODULES) == set(LIBRARIES), "kiln.strategy.LIBRARIES and kiln.library.MODULES disagree"
 

@@ -47,6 +47,7 @@ from kiln.kernel.ir import (
     Addr,
     Bin,
     Buffer,
+    Call,
     Compute,
     Const,
     Expr,
@@ -244,14 +245,11 @@ def schedule_library(k: Kernel, c: Compute, tag: str, target: Target, threads: i
     else:
         ldc = as_matrix(g.m, g.n, out.strides)[1]
     assert fa is not None and fb is not None, "a contiguous copy always fits"
-    call = lib.sgemm_call(fa[0], fb[0], _size(g.m), _size(g.n), _size(g.k),
-                          _at_origin(a, g.m + g.k), fa[1], _at_origin(b, g.k + g.n), fb[1],
-                          _at_origin(out, g.m + g.n), ldc)
+    nest = _calls(lib, g, a, b, out, fa, fb, ldc, f"{c.out}{tag}",
+                  threads if options.get("parallel", True) and not getattr(lib, "THREADED", True) else 1)
+    call = next(s for s in _flat(nest) if isinstance(s, Call))
     if call.fn not in k.symbols:
         k.symbols.append(call.fn)
-    nest: list[Stmt] = [call]
-    for v, n in reversed(g.batch):  # serial: the library threads each call
-        nest = [Loop(v, Const(n, "int64"), nest)]
     k.strategies[node] = f"library:{name}"
     body: list[Stmt] = []
     for i, p in enumerate(pre):
@@ -262,3 +260,57 @@ def schedule_library(k: Kernel, c: Compute, tag: str, target: Target, threads: i
     log.debug("node %s: library:%s, %d call(s) of sgemm M=%d N=%d K=%d, %d copy-in, epilogue %s", node, name,
               _size(g.batch), _size(g.m), _size(g.n), _size(g.k), len(pre), "separate" if post else "none")
     return body
+
+
+def _flat(stmts: list[Stmt]) -> list[Stmt]:
+    out: list[Stmt] = []
+    for s in stmts:
+        out.append(s)
+        if isinstance(s, Loop):
+            out += _flat(s.body)
+    return out
+
+
+def _unmerge(axes: list[Axis], flat: Expr) -> dict[Var, Expr]:
+    """The index of each axis of a row-major merged group (last fastest) at merged position `flat`."""
+    out, span = {}, 1
+    for v, n in reversed(axes):
+        out[v] = (flat // span) % n if span > 1 else flat % n
+        span *= n
+    return out
+
+
+def _addr(op: Operand, zero: list[Axis], at: dict[Var, Expr]) -> Addr:
+    """Pointer to the operand's element with the `zero` axes at 0 and the axes of `at` at the given indices."""
+    z: dict[Expr, Expr] = {v: ZERO for v, _ in zero}
+    z.update(at)
+    return Addr(op.buf, tuple(substitute(i, z) for i in op.index))
+
+
+def _calls(lib: object, g: Gemm, a: Operand, b: Operand, out: Operand, fa: tuple[bool, int], fb: tuple[bool, int],
+           ldc: int, name: str, slabs: int) -> list[Stmt]:
+    """The library call(s) over the batch axes: one call per batch item with the library threading it, or — for
+    a library that runs on the calling thread (`THREADED = False`: BLIS here) — `slabs` column slabs per batch
+    item, spread by Kiln's pool; a slab of N/slabs columns (a multiple of 16) is an independent product:
+
+        parallel for p in batch × slabs:  j0 = (p % slabs)·w
+            sgemm(M, min(w, N − j0), K, A[b], B[b][:, j0:], C[b][:, j0:])"""
+    m, n, kk = _size(g.m), _size(g.n), _size(g.k)
+    width = -(-n // max(slabs, 1))
+    width = min(n, -(-width // 16) * 16)
+    slabs = -(-n // width) if n else 1
+    if slabs <= 1:
+        stmts = lib.sgemm_call(fa[0], fb[0], m, n, kk, _at_origin(a, g.m + g.k), fa[1], _at_origin(b, g.k + g.n),
+                               fb[1], _at_origin(out, g.m + g.n), ldc)
+        nest = stmts if isinstance(stmts, list) else [stmts]
+        for v, e in reversed(g.batch):  # serial: the library threads each call
+            nest = [Loop(v, Const(e, "int64"), nest)]
+        return nest
+    p = Var(f"{name}_slab", "int64")
+    j0 = (p % slabs) * width
+    at = {**_unmerge(g.batch, p // slabs), **_unmerge(g.n, j0)} if g.batch else _unmerge(g.n, j0)
+    cols = Bin("min", Const(width, "int64"), Const(n, "int64") - j0)
+    stmts = lib.sgemm_call(fa[0], fb[0], m, cols, kk, _addr(a, g.m + g.k, at), fa[1], _addr(b, g.k, at), fb[1],
+                           _addr(out, g.m, at), ldc)
+    return [Loop(p, Const(_size(g.batch) * slabs, "int64"), stmts if isinstance(stmts, list) else [stmts],
+                 kind="parallel")]

@@ -19,6 +19,7 @@ import numpy as np
 from kiln.bench.workload import GemmSpec, Workload
 
 Runner = Callable[[], list[np.ndarray]]
+FeedRunner = Callable[[dict[str, np.ndarray]], list[np.ndarray]]
 
 
 class PeerError(RuntimeError):
@@ -33,6 +34,8 @@ class Peer:
     strategies: tuple[str, ...] = ("default",)
     #: pip requirement(s) that make the peer available, used in the skip reason
     requirement: str = ""
+    #: how it builds its kernels, for the report's strategy section (kiln.bench.report.APPROACHES)
+    approach: str = ""
 
     def available(self) -> tuple[bool, str]:
         """(True, "") when the peer can run here, else (False, reason with the install hint)."""
@@ -44,6 +47,22 @@ class Peer:
     def prepare(self, workload: Workload, threads: int, strategy: str = "default") -> Runner:
         """Compile once; return a callable running ONE inference on `workload.inputs`."""
         raise NotImplementedError
+
+    #: the precisions `kiln bench --precision` measures this peer at (fp32 is `prepare`'s)
+    precisions: tuple[str, ...] = ("fp32",)
+
+    def precision_available(self, precision: str) -> tuple[bool, str]:
+        """(True, "") when the peer runs at `precision` here, else why not."""
+        ok, why = self.available()
+        if ok and precision not in self.precisions:
+            return False, f"{self.name} has no {precision} path in kiln bench"
+        return ok, why
+
+    def prepare_precision(self, workload: Workload, threads: int, strategy: str, precision: str,
+                          calibration: list[dict[str, np.ndarray]]) -> FeedRunner:
+        """Compile at `precision` (quantizing with `calibration` for int8); return a callable running one
+        inference on the feeds it is given (the timed feeds, then the evaluation inputs)."""
+        raise PeerError(f"{self.name} has no {precision} path in kiln bench")
 
     # ---- helpers shared by the subclasses -------------------------------------------------
     def check(self, workload: Workload, threads: int, strategy: str) -> str:

@@ -87,6 +87,7 @@ class HalidePeer(Peer):
     kinds = frozenset({"gemm"})
     strategies = ("hand", "adams2019")
     requirement = "halide"
+    approach = "scheduled kernels (DSL)"
 
     def available(self) -> tuple[bool, str]:
         return try_import("halide", pip=self.requirement)

@@ -71,6 +71,7 @@ class IreePeer(Peer):
     kinds = frozenset({"gemm", "conv", "network"})
     strategies = tuple(STRATEGY_FLAGS)
     requirement = "iree-base-compiler iree-base-runtime"
+    approach = "compiler"
 
     def __init__(self, extra_flags: Sequence[str] = ()) -> None:
         self.extra_flags = tuple(extra_flags)

@@ -51,6 +51,7 @@ class JaxPeer(Peer):
     name = "jax"
     kinds = frozenset({"gemm", "conv", "network"})
     requirement = "jax jaxlib"
+    approach = "compiler"
 
     def available(self) -> tuple[bool, str]:
         return try_import("jax", "jaxlib", pip=self.requirement)

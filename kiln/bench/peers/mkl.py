@@ -42,6 +42,7 @@ class MklPeer(Peer):
     name = "mkl"
     kinds = frozenset({"gemm"})
     requirement = "mkl"
+    approach = "vendor libraries"
 
     def available(self) -> tuple[bool, str]:
         return loadable(_load, self.requirement)

@@ -12,15 +12,10 @@ Threads: `#pragma omp parallel for num_threads(nt)` over rows of C, `nt` passed 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import numpy as np
 
+from kiln.bench.peers import _cc
 from kiln.bench.peers.base import Peer, Runner, gemm_input, gemm_of
 from kiln.bench.workload import Workload
 
@@ -40,51 +35,31 @@ void naive_sgemm(int M, int N, int K, const float *restrict A, const float *rest
     }
 }
 """
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
-_built: dict[str, ctypes.CDLL] = {}
-
-
-def compiler() -> str | None:
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+FLAGS = ("-O3", "-march=native", "-fopenmp")
 
 
 def build() -> ctypes.CDLL:
-    """Compile SOURCE once per process (keyed by source+flags) and load it."""
-    cc = compiler()
-    if cc is None:
-        raise OSError("no C compiler (cc) on PATH")
-    key = hashlib.sha1((cc + SOURCE + " ".join(FLAGS)).encode()).hexdigest()[:16]
-    if key not in _built:
-        d = Path(tempfile.mkdtemp(prefix="kiln-naive-c-"))
-        (d / "gemm.c").write_text(SOURCE)
-        so = d / f"naive_{key}.so"
-        r = subprocess.run([cc, *FLAGS, str(d / "gemm.c"), "-o", str(so)], capture_output=True, text=True)
-        if r.returncode != 0:
-            raise OSError(f"{cc} failed: {r.stderr.strip()[:2000]}")
-        lib = ctypes.CDLL(str(so))
-        i, p = ctypes.c_int, ctypes.c_void_p
-        lib.naive_sgemm.argtypes = [i, i, i, p, p, p, i]
-        lib.naive_sgemm.restype = None
-        _built[key] = lib
-    return _built[key]
+    """Compile SOURCE once per process and load it."""
+    lib = _cc.build("naive-c", {"gemm.c": SOURCE}, FLAGS)
+    i, p = ctypes.c_int, ctypes.c_void_p
+    lib.naive_sgemm.argtypes = [i, i, i, p, p, p, i]
+    lib.naive_sgemm.restype = None
+    return lib
 
 
 class NaiveCPeer(Peer):
     name = "naive-c"
     kinds = frozenset({"gemm"})
     requirement = "a C compiler with OpenMP (apt-get install gcc)"
+    approach = "compiler autovectorization"
 
     def available(self) -> tuple[bool, str]:
-        if compiler() is None:
+        if _cc.compiler() is None:
             return False, f"no C compiler on PATH; {self.requirement}"
         return True, ""
 
     def version(self) -> str:
-        cc = compiler()
-        if cc is None:
-            return ""
-        r = subprocess.run([cc, "--version"], capture_output=True, text=True)
-        return (r.stdout.splitlines() or [""])[0] + " " + " ".join(FLAGS[:3])
+        return f"{_cc.compiler_version()} {' '.join(FLAGS)}"
 
     def prepare(self, workload: Workload, threads: int, strategy: str = "default") -> Runner:
         self.check(workload, threads, strategy)

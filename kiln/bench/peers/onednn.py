@@ -41,6 +41,7 @@ class OneDnnPeer(Peer):
     name = "onednn"
     kinds = frozenset({"gemm"})
     requirement = "onednn"
+    approach = "vendor libraries"
 
     def available(self) -> tuple[bool, str]:
         return loadable(_load, self.requirement)

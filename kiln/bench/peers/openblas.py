@@ -47,6 +47,7 @@ class OpenBlasPeer(Peer):
     name = "openblas"
     kinds = frozenset({"gemm"})
     requirement = "scipy-openblas32"
+    approach = "vendor libraries"
 
     def available(self) -> tuple[bool, str]:
         ok, why = try_import("scipy_openblas32", pip=self.requirement)

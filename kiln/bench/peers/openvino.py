@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln.bench.peers.base import Peer, Runner, dist_version, save_model
+from kiln.bench.peers.base import FeedRunner, Peer, PeerError, Runner, dist_version, save_model
 from kiln.bench.workload import Workload
 
 
@@ -49,6 +49,7 @@ class OpenVinoPeer(Peer):
     kinds = frozenset({"gemm", "conv", "network", "torch"})
     strategies = ("default", "bf16", "torch-compile")
     requirement = "openvino"
+    approach = "runtime with vendor kernels"
 
     def available(self) -> tuple[bool, str]:
         try:
@@ -60,32 +61,75 @@ class OpenVinoPeer(Peer):
     def version(self) -> str:
         return dist_version("openvino")
 
+    precisions = ("fp32", "int8", "bf16")
+
     def prepare(self, workload: Workload, threads: int, strategy: str = "default") -> Runner:
         strategy = self.check(workload, threads, strategy)
-        ov = import_openvino()
         if strategy == "torch-compile" or workload.build_torch is not None:
-            return _torch_module(ov, workload, threads, strategy)
-        core = ov.Core()
-        path = save_model(workload.build_model(), workload.name)
-        try:
-            model = core.read_model(str(path))
-            config = {"INFERENCE_NUM_THREADS": threads, "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"}
-            if strategy == "default":
-                config["INFERENCE_PRECISION_HINT"] = "f32"
-            compiled = core.compile_model(model, "CPU", config)
-        finally:
-            shutil.rmtree(path.parent, ignore_errors=True)
-        req = compiled.create_infer_request()
-        feeds = {i.get_any_name(): np.ascontiguousarray(workload.inputs[i.get_any_name()])
-                 for i in compiled.inputs}
-        outs = compiled.outputs
+            return _torch_module(import_openvino(), workload, threads, strategy)
+        run = compiled_runner(read_model(workload), threads, "f32" if strategy == "default" else None)
+        feeds = {k: np.ascontiguousarray(v) for k, v in workload.inputs.items()}
 
-        def run() -> list[np.ndarray]:
-            res = req.infer(feeds, share_inputs=True)
-            return [res[o] for o in outs]
+        def timed() -> list[np.ndarray]:
+            return run(feeds)
 
-        run.keepalive = (core, compiled)  # type: ignore[attr-defined]
-        return run
+        timed.keepalive = run.keepalive  # type: ignore[attr-defined]
+        return timed
+
+    def prepare_precision(self, workload: Workload, threads: int, strategy: str, precision: str,
+                          calibration: list[dict[str, np.ndarray]]) -> FeedRunner:
+        """fp32 and int8 compile with INFERENCE_PRECISION_HINT = f32 (the int8 model's float parts must not turn
+        bf16), bf16 with = bf16; int8 is NNCF's post-training `quantize` of the model on `calibration`."""
+        self.check(workload, threads, strategy)
+        model = read_model(workload)
+        if precision == "int8":
+            import nncf
+            names = [i.get_any_name() for i in model.inputs]
+            data = nncf.Dataset(calibration, lambda feeds: {n: feeds[n] for n in names})
+            model = nncf.quantize(model, data, subset_size=len(calibration))
+        return compiled_runner(model, threads, {"fp32": "f32", "int8": "f32", "bf16": "bf16"}[precision])
+
+
+def read_model(workload: Workload) -> Any:
+    ov = import_openvino()
+    path = save_model(workload.build_model(), workload.name)
+    try:
+        model = ov.Core().read_model(str(path))
+        # read_model may map the weights from the file: a copy in memory before the directory goes away
+        return model.clone() if hasattr(model, "clone") else model
+    finally:
+        shutil.rmtree(path.parent, ignore_errors=True)
+
+
+def precision_of(compiled: Any) -> str:
+    """The inference precision a compiled model runs at: 'f32', 'bf16', 'f16'."""
+    t = compiled.get_property("INFERENCE_PRECISION_HINT")
+    return str(t.get_type_name() if hasattr(t, "get_type_name") else t)
+
+
+def compiled_runner(model: Any, threads: int, precision_hint: str | None) -> FeedRunner:
+    """Compile for "CPU" (threads, one stream, latency) with the given INFERENCE_PRECISION_HINT (None: OpenVINO's
+    default, bf16 on CPUs with AVX512_BF16/AMX), checked to be what the compiled model reports."""
+    ov = import_openvino()
+    core = ov.Core()
+    config: dict[str, Any] = {"INFERENCE_NUM_THREADS": threads, "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"}
+    if precision_hint is not None:
+        config["INFERENCE_PRECISION_HINT"] = precision_hint
+    compiled = core.compile_model(model, "CPU", config)
+    if precision_hint is not None:
+        got = precision_of(compiled)
+        if got != precision_hint:
+            raise PeerError(f"OpenVINO compiled with inference precision {got}, not {precision_hint}")
+    req = compiled.create_infer_request()
+    names = [i.get_any_name() for i in compiled.inputs]
+    outs = compiled.outputs
+
+    def run(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        res = req.infer({n: np.ascontiguousarray(feeds[n]) for n in names}, share_inputs=True)
+        return [res[o] for o in outs]
+
+    run.keepalive = (core, compiled)  # type: ignore[attr-defined]
+    return run
 
 
 def _torch_module(ov: Any, workload: Workload, threads: int, strategy: str) -> Runner:

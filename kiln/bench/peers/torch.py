@@ -54,6 +54,7 @@ class TorchPeer(Peer):
     name = "torch"
     kinds = frozenset({"gemm", "conv", "network", "torch"})
     requirement = "torch==2.13.0"
+    approach = "runtime with vendor kernels"
 
     def available(self) -> tuple[bool, str]:
         return try_import("torch", "torch.fx.experimental.proxy_tensor", pip=self.requirement)

@@ -39,6 +39,7 @@ class TvmPeer(Peer):
     name = "tvm"
     kinds = frozenset({"gemm", "conv", "network"})
     requirement = "apache-tvm apache-tvm-ffi==0.1.14.post0"
+    approach = "compiler"
 
     def __init__(self, trials: int = 0, work_dir: str | None = None, max_trials_per_task: int | None = None
                  ) -> None:
