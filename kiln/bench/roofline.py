@@ -133,7 +133,7 @@ class _Jit:
         llvm.initialize_native_asmprinter()
         target = llvm.Target.from_default_triple()
         self.tm = target.create_target_machine(cpu=llvm.get_host_cpu_name(), features=_features(),
-                                               opt=3)
+                                               opt=3, codemodel="large")  # why: kiln/codegen/jit.py code_model
         mod = llvm.parse_assembly(ir_text)
         mod.verify()
         self.engine = llvm.create_mcjit_compiler(mod, self.tm)

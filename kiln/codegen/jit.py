@@ -27,11 +27,19 @@ def init_llvm() -> None:
         llvm.load_library_permanently(lib)
 
 
+def code_model(target: Target) -> str:
+    """x86-64 objects use the large code model: MCJIT maps an object's code and data sections with separate mmaps,
+    and after a few thousand models in one process they land more than 2 GiB apart — a small-model 32-bit
+    PC-relative reference between them then overflows (LLVM asserts; a release build writes a truncated offset
+    and the kernel segfaults). Large-model addresses are 64-bit immediates, hoisted out of the loops."""
+    return "large" if target.arch == "x86_64" else "default"
+
+
 def target_machine(target: Target, opt: int = 3) -> llvm.TargetMachine:
     init_llvm()
     t = llvm.Target.from_triple(target.triple)
     return t.create_target_machine(cpu=target.cpu, features=target.features, opt=opt, reloc="pic",
-                                   codemodel="default")
+                                   codemodel=code_model(target))
 
 
 def optimize(ir_text: str, target: Target, opt: int = 3) -> llvm.ModuleRef:
