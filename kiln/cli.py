@@ -212,10 +212,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from kiln.tune import tune
 
     opts = {name: False for name in (args.disable or [])}
-    report = tune(_model(args.model), budget_s=args.budget_s, db=args.db, per_kernel_s=args.per_kernel_s,
-                  target=args.target or "host", num_threads=args.threads, strategy=args.strategy or "direct",
-                  ray_address=args.ray_address, workers=args.workers, progress=not args.quiet, seed=args.seed,
-                  retune=args.retune, **opts)
+    try:
+        report = tune(_model(args.model), budget_s=args.budget_s, db=args.db, per_kernel_s=args.per_kernel_s,
+                      target=args.target or "host", num_threads=args.threads, strategy=args.strategy or "direct",
+                      ray_address=args.ray_address, workers=args.workers, progress=not args.quiet, seed=args.seed,
+                      retune=args.retune, **opts)
+    except KeyboardInterrupt:  # Ctrl-C during tune()'s own clean-up (closing the pools): every row is committed
+        print("kiln tune: interrupted; the measurements made so far are in the database", file=sys.stderr)
+        return 130
     print(f"tuned {args.model} for {report.target} on {report.threads} threads in {report.seconds:.0f} s "
           f"(compiles: {report.workers}) → {report.db}" + ("  [interrupted]" if report.interrupted else ""))
     print(report.table())
