@@ -35,7 +35,10 @@ def load() -> ctypes.CDLL:
     """dlopen the wheel's extension module once; OSError when the wheel is missing or exports no bli_sgemm."""
     global _lib
     if _lib is None:
-        spec = importlib.util.find_spec("blis.cy")
+        try:
+            spec = importlib.util.find_spec("blis.cy")
+        except ModuleNotFoundError:  # no blis package at all
+            spec = None
         if spec is None or not spec.origin:
             raise OSError("cannot find the blis wheel's extension module blis.cy")
         lib = ctypes.CDLL(spec.origin)
