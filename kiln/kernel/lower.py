@@ -381,10 +381,11 @@ def lower_matmul(n: Node) -> Lowered:
     return Lowered([Compute(y.name, ax, y.shape, body)])
 
 
-def _padded(x: Value, pads: tuple[int, ...], value: float,
+def _padded(x: Value, pads: tuple[int, ...], value: float | Expr,
             name: str) -> tuple[Compute | None, Buffer | None, str]:
     """A zero/-inf padded copy of NCHW `x` (spatial pads only; a blocked NCHW[cb]c `x` keeps its trailing
-    channel block), so windows read in bounds with affine indices."""
+    channel block), so windows read in bounds with affine indices. `value` may be an expression (a quantized
+    tensor's zero point: its 0.0)."""
     nd = len(pads) // 2
     if not any(pads):
         return None, None, x.name
@@ -397,7 +398,8 @@ def _padded(x: Value, pads: tuple[int, ...], value: float,
         c = Bin("and", cmp(">=", src[2 + i], 0), cmp("<", src[2 + i], x.shape[2 + i]))
         inside = c if inside is None else Bin("and", inside, c)
     safe = tuple(src[:2] + [clamp(src[2 + i], 0, x.shape[2 + i] - 1) for i in range(nd)]) + ax[2 + nd:]
-    body = Select(inside, Load(x.name, safe, x.dtype), Const(value, x.dtype))
+    fill = value if isinstance(value, Expr) else Const(value, x.dtype)
+    body = Select(inside, Load(x.name, safe, x.dtype), fill)
     return Compute(name, ax, shape, body), buf, name
 
 

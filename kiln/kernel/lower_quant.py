@@ -7,10 +7,10 @@
     u8 × s8 dot products) are built by the graph pass quantize_qdq and lowered in kernel/lower_qanchor.py."""
 from __future__ import annotations
 
-from kiln.graph.ir import Node, Value
+from kiln.graph.ir import Node
 from kiln.graph.quant_ops import qrange
-from kiln.kernel.ir import Bin, Buffer, Cast, Compute, Const, Expr, Load, Reduce, Select, Un, Var, cmp
-from kiln.kernel.lower import Lowered, _out, axes_for, bcast_index, clamp, guarded_window, ld, lowering
+from kiln.kernel.ir import Cast, Compute, Const, Expr, Load, Reduce, Un, Var
+from kiln.kernel.lower import Lowered, _out, _padded, bcast_index, clamp, guarded_window, ld, lowering
 
 
 def i32(e: Expr) -> Expr:
@@ -62,23 +62,6 @@ def lower_matmul_integer(n: Node) -> Lowered:
     return Lowered([Compute(y.name, ax, y.shape, Reduce("sum", ((k, a.shape[-1]),), term))])
 
 
-def padded_with(x: Value, pads: tuple[int, ...], fill: Expr, name: str) -> tuple[Compute | None, Buffer | None, str]:
-    """A copy of NCHW (or blocked) `x` padded spatially with `fill` (a quantized tensor's zero point: its 0.0)."""
-    nd = len(pads) // 2
-    if not any(pads):
-        return None, None, x.name
-    shape = x.shape[:2] + tuple(x.shape[2 + i] + pads[i] + pads[i + nd] for i in range(nd)) + x.shape[2 + nd:]
-    ax = axes_for(shape, "p")
-    src = [ax[0], ax[1]] + [ax[2 + i] - pads[i] for i in range(nd)]
-    inside: Expr | None = None
-    for i in range(nd):
-        c = Bin("and", cmp(">=", src[2 + i], 0), cmp("<", src[2 + i], x.shape[2 + i]))
-        inside = c if inside is None else Bin("and", inside, c)
-    safe = tuple(src[:2] + [clamp(src[2 + i], 0, x.shape[2 + i] - 1) for i in range(nd)]) + ax[2 + nd:]
-    body = Select(inside, Load(x.name, safe, x.dtype), fill)
-    return Compute(name, ax, shape, body), Buffer(name, x.dtype, shape), name
-
-
 @lowering("ConvInteger")
 def lower_conv_integer(n: Node) -> Lowered:
     x, w, xz, wz = n.inputs
@@ -87,7 +70,7 @@ def lower_conv_integer(n: Node) -> Lowered:
     nd = len(x.shape) - 2
     cig, cog = w.shape[1], w.shape[0] // a["group"]
     fill = ld(xz, ())
-    pre, tmp, src = padded_with(x, a["pads"], fill, f"{y.name}.pad")
+    pre, tmp, src = _padded(x, a["pads"], fill, f"{y.name}.pad")
     ci = Var("rc")
     ks = tuple(Var(f"rk{i}") for i in range(nd))
     chan = ci if a["group"] == 1 else (ax[1] // cog) * cig + ci
@@ -129,7 +112,7 @@ def lower_qconv(n: Node) -> Lowered:
     acc = a["acc"]
     nd = len(x.shape) - 2
     cig, cog = w.shape[1], w.shape[0] // a["group"]
-    pre, tmp, src = padded_with(x, a["pads"], Const(int(a["fill"]), x.dtype), f"{y.name}.pad")
+    pre, tmp, src = _padded(x, a["pads"], Const(int(a["fill"]), x.dtype), f"{y.name}.pad")
     ci = Var("rc")
     ks = tuple(Var(f"rk{i}") for i in range(nd))
     chan = ci if a["group"] == 1 else (ax[1] // cog) * cig + ci
@@ -176,7 +159,7 @@ def lower_qpacked_conv(n: Node) -> Lowered:
         xs = guarded_window(x, (b, cob), tuple(p - a["pads"][i] for i, p in enumerate(sp)), (coi,), int(a["fill"]))
         body = Reduce("sum", taps, product(xs, Load(wp.name, (cob,) + ks + (coi,), wp.dtype), "float32"))
     else:
-        pre, tmp, src = padded_with(x, a["pads"], fill, f"{y.name}.pad")
+        pre, tmp, src = _padded(x, a["pads"], fill, f"{y.name}.pad")
         cib, cii = Var("rcb"), Var("rc")
         xs = Load(src, (b, cib) + sp + (cii,), x.dtype)
         w = Load(wp.name, (cob, cib) + ks + (cii // 4, coi, cii % 4), wp.dtype)
