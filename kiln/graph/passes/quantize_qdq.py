@@ -210,22 +210,34 @@ def _epilogue(g: Graph, acc: Value, scale: np.ndarray, bias: np.ndarray | None, 
     return v
 
 
+def _integer_operands(g: Graph, x: Value, w: Value, axis: int, act: str, new: list[Node],
+                      name: str) -> tuple[Value, int, np.float32, np.ndarray, np.ndarray] | None:
+    """An anchor's integer operands: its activation (from a per-tensor DequantizeLinear: the integer value, zero
+    point and scale) and its constant weight quantized along `axis` (integer values, per-channel scales); None
+    when either is not so. Nodes are added to `new` only once both are known to be integer."""
+    dq = _dq(x)
+    if dq is None or _scalar(dq.inputs[1]) is None or _scalar(dq.inputs[2]) is None:
+        return None
+    wts = _weights(w, axis)
+    if wts is None:
+        return None
+    xq, zx = _activation(g, dq.inputs[0], int(_scalar(dq.inputs[2])), act, new, name)
+    return xq, zx, np.float32(_scalar(dq.inputs[1])), wts[0], wts[1]
+
+
 def _conv_anchor(g: Graph, n: Node, act: str, new: list[Node]) -> Value | None:
     x, w = n.inputs[0], n.inputs[1]
     a = n.attrs
-    dq = _dq(x)
-    if dq is None or len(x.shape) != 4 or _scalar(dq.inputs[1]) is None or _scalar(dq.inputs[2]) is None:
+    if len(x.shape) != 4:
         return None
     co, cig = w.shape[0], w.shape[1]
     depthwise = a["group"] > 1 and a["group"] == co == x.shape[1] and cig == 1
     if a["group"] != 1 and not depthwise:
         return None
-    wts = _weights(w, 0)
-    if wts is None:
+    operands = _integer_operands(g, x, w, 0, act, new, n.name)
+    if operands is None:
         return None
-    wc, sw = wts
-    sx = np.float32(_scalar(dq.inputs[1]))
-    xq, zx = _activation(g, dq.inputs[0], int(_scalar(dq.inputs[2])), act, new, n.name)
+    xq, zx, sx, wc, sw = operands
     scale = (sx * sw).astype(np.float32)
     addend, bias = _bias_addend(n.inputs[2] if len(n.inputs) > 2 else None, scale, co)
     wsum = wc.astype(np.int64).reshape(co, -1).sum(axis=1)
@@ -244,15 +256,10 @@ def _conv_anchor(g: Graph, n: Node, act: str, new: list[Node]) -> Value | None:
 
 def _matmul_anchor(g: Graph, n: Node, act: str, new: list[Node]) -> Value | None:
     x, w = n.inputs
-    dq = _dq(x)
-    if dq is None or len(w.shape) != 2 or _scalar(dq.inputs[1]) is None or _scalar(dq.inputs[2]) is None:
+    operands = _integer_operands(g, x, w, 1, act, new, n.name) if len(w.shape) == 2 else None
+    if operands is None:
         return None
-    wts = _weights(w, 1)
-    if wts is None:
-        return None
-    wc, sw = wts
-    sx = np.float32(_scalar(dq.inputs[1]))
-    xq, zx = _activation(g, dq.inputs[0], int(_scalar(dq.inputs[2])), act, new, n.name)
+    xq, zx, sx, wc, sw = operands
     addend = -zx * wc.astype(np.int64).sum(axis=0)
     q = _node(g, "QMatMul", [xq, _const(g, wc, w.name + ".int8"), _const(g, addend.astype(np.int32), "addend")],
               {k: v for k, v in n.attrs.items() if k == "strategy"}, n.name)
