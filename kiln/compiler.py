@@ -91,6 +91,7 @@ def lower_graph(graph: Graph, target: Target, num_threads: int, options: dict[st
     from kiln.codegen.module import build_module_text
     from kiln.graph.passes import run_graph_passes
     from kiln.kernel.build import build_program
+    from kiln.kernel.dynamic import DynamicDims
     from kiln.runtime.memory import plan_memory
     from kiln.schedule.default import schedule_program
     from kiln.tune.apply import apply_tuning
@@ -108,7 +109,8 @@ def lower_graph(graph: Graph, target: Target, num_threads: int, options: dict[st
     graph = run_graph_passes(graph, options, target, trace=lambda name, g: tr(f"graph:{name}", g))  # 2. graph passes
     lap("graph")
     out = Compiled(graph, timings=times)
-    prog = build_program(graph, options)                                     # 3. lower + fuse → kernels
+    dims = DynamicDims.of(graph)                                             # 3a. symbolic dims → max layouts
+    prog = build_program(graph, options, dims)                               # 3. lower + fuse → kernels
     applied = apply_tuning(prog, tuning, target, num_threads, options)       # 3b. tuned schedules (database)
     out.tuned = applied.tuned
     schedule_program(prog.kernels, target, num_threads, options, applied.configs)  # 4. each distinct kernel once
@@ -270,10 +272,16 @@ def executable_of(c: Compiled, tgt: Target, threads: int, bounds_check: bool = F
     from kiln.codegen.bounds import buffer_names
     from kiln.runtime.executable import Executable
 
-    g = c.graph
+    g, dims = c.graph, c.program.dims
+    shape = (lambda v: list(v.shape)) if dims is None else (lambda v: [dims.code(d) for d in v.shape])
     meta = {
-        "inputs": [{"name": v.name, "dtype": v.dtype, "shape": list(v.shape)} for v in g.inputs],
-        "outputs": [{"name": n, "dtype": v.dtype, "shape": list(v.shape)} for n, v in zip(g.output_names, g.outputs)],
+        "inputs": [{"name": v.name, "dtype": v.dtype, "shape": shape(v)} for v in g.inputs],
+        "outputs": [{"name": n, "dtype": v.dtype, "shape": shape(v)} for n, v in zip(g.output_names, g.outputs)],
+        # symbolic dims (kernel/dynamic.py): their names, bounds, and each input's/output's max layout
+        "dynamic": None if dims is None else {
+            **dims.meta(g), "max_inputs": [list(v.shape) for v in c.program.graph.inputs],
+            "max_outputs": [list(v.shape) for v in c.program.graph.outputs]},
+        "compilations": 1,  # a dynamic executable serves every size in its bounds from this one compilation
         "arena_bytes": c.plan.arena_bytes, "num_threads": threads, "kernels": [k.name for k in c.program.kernels],
         "flops": [k.flops for k in c.program.kernels], "compile_s": c.timings,
         "symbols": sorted({s for k in c.program.kernels for s in k.symbols}),

@@ -26,6 +26,7 @@ from kiln.kernel.ir import (
     LocalRef,
     Reduce,
     Select,
+    Sym,
     Un,
     Var,
     children,
@@ -216,6 +217,8 @@ class ExprEmitter:
                 n = self.vec.lanes
                 return self.b.add(self.splat(self.vec.base), vector_constant(I64, tuple(range(n)))), True
             return self.env[e.name], False
+        if isinstance(e, Sym):
+            return dims_value(self.b, self.m, e.index), False
         if isinstance(e, LocalRef):
             ptr, vec = self.local_slot(e.name, e.slot)
             return self.b.load(ptr, typ=ptr.allocated_type), vec
@@ -578,3 +581,32 @@ def prefix_store(b: ir.IRBuilder, val: ir.Value, p: ir.Value, count: int, mt: ir
         dst = b.gep(p, [ir.Constant(I64, at)], source_etype=mt) if at else p
         b.store(part if piece > 1 else b.extract_element(part, ir.Constant(I32, 0)), dst, align=align)
         at += piece
+
+
+DIMS_GLOBAL = "kiln_dims"            # i64[MAX_DIMS]: the symbolic dims' values for the current call
+DIMS_ACCESSOR = "kiln_dims_address"  # exported: `ptr kiln_dims_address()`, so the Executable can fill it
+MAX_DIMS = 64
+
+
+def declare_dims(m: ir.Module) -> ir.GlobalVariable:
+    """The dims array and its accessor (once per module; only modules with symbolic dims have them)."""
+    if DIMS_GLOBAL in m.globals:
+        return m.globals[DIMS_GLOBAL]
+    t = ir.ArrayType(I64, MAX_DIMS)
+    g = ir.GlobalVariable(m, t, DIMS_GLOBAL)
+    g.initializer = ir.Constant(t, None)
+    g.linkage = "internal"
+    g.align = 64
+    acc = ir.Function(m, ir.FunctionType(PTR, []), DIMS_ACCESSOR)
+    ab = ir.IRBuilder(acc.append_basic_block("entry"))
+    ab.ret(ab.bitcast(g, PTR))
+    return g
+
+
+def dims_value(b: ir.IRBuilder, m: ir.Module, index: int) -> ir.Value:
+    """Symbolic dim `index` of this call. The array does not change while the model runs (invariant.load), so LLVM
+    hoists the read out of the loops."""
+    g = declare_dims(m)
+    v = b.load(b.gep(g, [ir.Constant(I64, 0), ir.Constant(I64, index)], source_etype=g.value_type), typ=I64)
+    v.set_metadata("invariant.load", m.add_metadata([]))
+    return v

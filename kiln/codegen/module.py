@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from llvmlite import ir
 
 from kiln.codegen.bounds import declare_bounds_runtime, set_current_kernel
-from kiln.codegen.exprs import I32, I64, PTR
+from kiln.codegen.exprs import I32, I64, PTR, declare_dims
 from kiln.codegen.kernel import NTHREADS_GLOBAL, PARALLEL_GLOBAL, KernelEmitter, declare_runtime
 from kiln.kernel.build import Program
 from kiln.kernel.ir import Kernel
@@ -80,6 +80,8 @@ def build_module(prog: Program, plan: MemoryPlan, target: Target,
     m = ir.Module(name=prog.graph.name)
     m.triple = target.triple
     declare_runtime(m)
+    if prog.dims is not None:  # the symbolic dims' values, filled by the Executable before each call
+        declare_dims(m)
     if bounds_check:
         declare_bounds_runtime(m)
     fns: dict[str, ir.Function] = {}

@@ -4,7 +4,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from kiln.kernel.ir import Bin, Cast, Compute, Const, Expr, Load, Select, Un, Var, children, rebuild, substitute, walk
+from kiln.kernel.ir import Bin, Cast, Compute, Const, Expr, Load, Select, Sym, Un, Var, children, rebuild, substitute, walk
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -12,7 +12,7 @@ def coef(e: Expr, v: Var) -> int | None:
     """d(e)/d(v) if e is affine in v with a constant coefficient, else None."""
     if e == v:
         return 1
-    if isinstance(e, (Const, Var)):
+    if isinstance(e, (Const, Var, Sym)):  # a symbolic dim is constant for the whole call
         return 0
     if isinstance(e, Bin):
         a, b = coef(e.a, v), coef(e.b, v)

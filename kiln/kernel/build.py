@@ -18,6 +18,7 @@ import kiln.kernel.lower_winograd  # noqa: F401  (registers the Winograd stages'
 from kiln.errors import UnsupportedOperator
 from kiln.graph.ir import Graph, Node, Value
 from kiln.graph.ops import OPS
+from kiln.kernel.dynamic import DynamicDims, max_graph, reshape_copy, reshape_is_view, runtime_extents
 from kiln.kernel.ir import Buffer, Compute, Const, Expr, Kernel, Load, Reduce, children, rebuild, substitute, walk
 from kiln.kernel.lower import Lowered, axes_for, lower_node
 
@@ -49,6 +50,7 @@ class Program:
     view_of: dict[str, str] = field(default_factory=dict)       # view value → the value that owns storage
     consts: dict[str, object] = field(default_factory=dict)     # constant value name → numpy array
     groups: list[Group] = field(default_factory=list)
+    dims: DynamicDims | None = None  # the symbolic dims (kernel/dynamic.py); None for a static model
 
 
 def root(view_of: dict[str, str], name: str) -> str:
@@ -145,17 +147,25 @@ def inline(prod: Group, cons: Group) -> Group:
     return Group(merged, prod.temps + cons.temps, prod.nodes + cons.nodes, cons.output)
 
 
-def build_program(graph: Graph, options: dict[str, bool]) -> Program:
-    prog = Program(graph)
+def build_program(graph: Graph, options: dict[str, bool], dims: DynamicDims | None = None) -> Program:
+    """`dims`: the graph's symbolic dims (kernel/dynamic.py): lowering then runs on the graph at its upper bounds
+    (the max layouts) and each loop gets its run-time extent."""
+    if dims is not None:
+        graph = max_graph(graph, dims)
+    prog = Program(graph, dims=dims)
     users = graph.consumers()
     outputs = {id(v) for v in graph.outputs}
     group_of: dict[int, Group] = {}   # id(value) → group producing it (not yet emitted as a kernel)
     order: list[Group] = []
     for n in graph.nodes:
-        if n.op in VIEW_OPS:
+        if n.op in VIEW_OPS and (dims is None or reshape_is_view(dims.shape_of(n.inputs[0]),
+                                                                  dims.shape_of(n.outputs[0]))):
             prog.view_of[n.outputs[0].name] = n.inputs[0].name
             continue
-        low: Lowered = lower_node(n)
+        if n.op in VIEW_OPS:  # merges or splits a symbolic dim: not the same storage in the max layouts
+            low: Lowered = reshape_copy(n, dims)
+        else:
+            low = lower_node(n) if dims is None else runtime_extents(n, lower_node(n), dims)
         if "strategy" in n.attrs:  # the schedule of the anchor's reduction builds it this way (kiln/strategy.py)
             for c in low.computes:
                 if any(isinstance(x, Reduce) for x in walk(c.body)):

@@ -98,6 +98,20 @@ class Var(Expr):
 
 
 @dataclass(frozen=True, repr=False)
+class Sym(Expr):
+    """A symbolic dimension's value at run time (int64): `seq`, `batch`. Buffers are laid out at the symbol's upper
+    bound (kernel/dynamic.py); loops over a symbolic dim run to this value. Codegen reads it from the module's dims
+    array, which the Executable fills before each call."""
+    name: str
+    index: int  # its slot in the module's dims array
+    hi: int     # its upper bound: the size of the max layout, and what schedule decisions plan for
+    dtype: str = "int64"
+
+    def __repr__(self) -> str:
+        return f"${{{self.name}}}"
+
+
+@dataclass(frozen=True, repr=False)
 class Load(Expr):
     buf: str
     index: tuple[Expr, ...]
@@ -247,7 +261,7 @@ def _cache_hash(cls: type) -> None:
     cls.__getstate__ = lambda self: {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
 
-for _cls in (Const, Var, Load, Bin, Un, Select, Cast, LocalRef, Reduce, Addr, Dot4):
+for _cls in (Const, Var, Sym, Load, Bin, Un, Select, Cast, LocalRef, Reduce, Addr, Dot4):
     _cache_hash(_cls)
 
 
@@ -339,6 +353,33 @@ def walk(e: Expr) -> list[Expr]:
 
 def uses_var(e: Expr, v: Var) -> bool:
     return any(x == v for x in walk(e))
+
+
+_INT_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "//": lambda a, b: a // b,
+            "%": lambda a, b: a % b, "max": max, "min": min}
+
+
+def hint(e: Expr | int) -> int:
+    """An extent's value for schedule decisions: itself when constant, its value at the upper bounds when it holds
+    symbolic dims (`Sym`) — tiles, vector widths and parallel splits are planned for the largest size."""
+    if isinstance(e, (int, np.integer)):
+        return int(e)
+    if isinstance(e, Const):
+        return int(e.value)
+    if isinstance(e, Sym):
+        return e.hi
+    if isinstance(e, Bin) and e.op in _INT_OPS:
+        return int(_INT_OPS[e.op](hint(e.a), hint(e.b)))
+    raise ValueError(f"extent {e!r} is not an integer expression of constants and symbolic dims")
+
+
+def as_extent(n: Expr | int) -> Expr:
+    """A loop extent: an int becomes an int64 Const, a run-time extent (over `Sym`s) stays as it is."""
+    return n if isinstance(n, Expr) else Const(int(n), "int64")
+
+
+def is_symbolic(n: Expr | int) -> bool:
+    return isinstance(n, Expr) and not isinstance(n, Const)
 
 
 # -- compute definitions and loop nests ----------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """A compiled model: machine code + weights + memory plan, callable like an onnxruntime session."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import io
 import json
@@ -30,7 +31,7 @@ _HOOK_T = ctypes.CFUNCTYPE(None, ctypes.c_int32)
 class IOSpec:
     name: str
     dtype: str
-    shape: tuple[int, ...]
+    shape: tuple[int | str, ...]  # a str is a symbolic dim ("seq", "(seq * 3)"; kiln/runtime/shapes.py)
 
 
 class Executable:
@@ -55,6 +56,12 @@ class Executable:
         self._entry = _ENTRY_T(self._code.address(ENTRY))
         self._pool = pool_address()
         self._bounds = _bounds_record(self._code) if meta.get("bounds_check") else None
+        self.dynamic: dict[str, Any] | None = meta.get("dynamic")
+        if self.dynamic:  # symbolic dims: their values go into the module's dims array before each call
+            from kiln.codegen.exprs import DIMS_ACCESSOR, MAX_DIMS
+            addr = ctypes.CFUNCTYPE(ctypes.c_void_p)(self._code.address(DIMS_ACCESSOR))()
+            self._dims = (ctypes.c_int64 * MAX_DIMS).from_address(addr)
+            self._staging: dict[tuple[str, int], np.ndarray] = {}  # max-layout copies of inputs/outputs
         self._lock = threading.Lock()  # one arena: one run at a time
         self.cached = False  # kiln.compile served it from its compile cache
 
@@ -80,6 +87,9 @@ class Executable:
             a = np.asarray(feeds[s.name])
             if a.dtype != np.dtype(s.dtype):
                 raise ValueError(f"input '{s.name}' has dtype {a.dtype}, expected {s.dtype}")
+            if self.dynamic:
+                arrays.append(np.ascontiguousarray(a))
+                continue
             if tuple(a.shape) != s.shape:
                 raise ValueError(f"input '{s.name}' has shape {list(a.shape)}, expected {list(s.shape)}")
             arrays.append(np.ascontiguousarray(a))
@@ -88,7 +98,46 @@ class Executable:
     def run(self, feeds: dict[str, np.ndarray], profile: dict[str, float] | None = None) -> list[np.ndarray]:
         """Run once. With `profile` (a dict), adds the seconds spent in each kernel to it."""
         ins = self._check(feeds)
+        if self.dynamic:
+            return self._run_dynamic(ins, profile)
         outs = [np.empty(s.shape, dtype=s.dtype) for s in self.outputs]
+        self._run_arrays(ins, outs, profile)
+        return outs
+
+    def _run_dynamic(self, ins: list[np.ndarray], profile: dict[str, float] | None) -> list[np.ndarray]:
+        """Bind the symbols from the inputs (checked before anything runs), place the inputs in their max layouts,
+        run, and cut the outputs to their actual shapes (kernel/dynamic.py, runtime/shapes.py)."""
+        from kiln.runtime.shapes import bind, evaluate, prefix_layout
+        dyn = self.dynamic
+        values = bind(self.inputs, ins, dyn["bounds"])
+        outs = [np.empty(tuple(evaluate(d, values) for d in s.shape), dtype=s.dtype) for s in self.outputs]
+        with self._lock:  # the dims array and the staging copies are the executable's, like its arena
+            placed = []
+            for i, (s, a, full) in enumerate(zip(self.inputs, ins, dyn["max_inputs"])):
+                if prefix_layout(s.shape):
+                    placed.append(a)
+                    continue
+                stage = self._stage("in", i, full, s.dtype)
+                stage[tuple(slice(0, n) for n in a.shape)] = a
+                placed.append(stage)
+            direct = [o if prefix_layout(s.shape) else self._stage("out", i, full, s.dtype)
+                      for i, (s, o, full) in enumerate(zip(self.outputs, outs, dyn["max_outputs"]))]
+            for name, v in values.items():
+                self._dims[dyn["symbols"].index(name)] = v
+            self._run_arrays(placed, direct, profile, locked=True)
+            for o, d in zip(outs, direct):
+                if d is not o:
+                    o[...] = d[tuple(slice(0, n) for n in o.shape)]
+        return outs
+
+    def _stage(self, kind: str, i: int, shape: list[int], dtype: str) -> np.ndarray:
+        key = (kind, i)
+        if key not in self._staging:
+            self._staging[key] = np.zeros(shape, dtype=dtype)
+        return self._staging[key]
+
+    def _run_arrays(self, ins: list[np.ndarray], outs: list[np.ndarray], profile: dict[str, float] | None,
+                    locked: bool = False) -> None:
         hook = None
         if profile is not None:
             last = [time.perf_counter()]
@@ -100,24 +149,26 @@ class Executable:
                 last[0] = now
             hook = _HOOK_T(tick)
         try:
-            self._call([a.ctypes.data for a in ins], [a.ctypes.data for a in outs], hook)
+            self._call([a.ctypes.data for a in ins], [a.ctypes.data for a in outs], hook, locked)
         except BoundsError as err:
             err.outputs = outs
             raise
-        return outs
 
     def run_pointers(self, inputs: Sequence[int], outputs: Sequence[int]) -> None:
         """Run on buffers the caller owns, given by address: C-contiguous, of the dtypes and shapes of `self.inputs`
         and `self.outputs`, which the caller has checked (nothing is copied: kiln/torch passes tensors' data_ptr)."""
+        if self.dynamic:
+            raise ValueError("run_pointers needs the static shapes of a model without symbolic dims; this executable "
+                             f"has symbolic dims {self.dynamic['symbols']}: use run()")
         if len(inputs) != len(self.inputs) or len(outputs) != len(self.outputs):
             raise ValueError(f"{len(inputs)} input / {len(outputs)} output buffers for a model with "
                              f"{len(self.inputs)} inputs and {len(self.outputs)} outputs")
         self._call(inputs, outputs, None)
 
-    def _call(self, inputs: Sequence[int], outputs: Sequence[int], hook: Any) -> None:
+    def _call(self, inputs: Sequence[int], outputs: Sequence[int], hook: Any, locked: bool = False) -> None:
         in_ptrs = (ctypes.c_void_p * max(1, len(inputs)))(*inputs)
         out_ptrs = (ctypes.c_void_p * max(1, len(outputs)))(*outputs)
-        with self._lock:
+        with contextlib.nullcontext() if locked else self._lock:
             if self._bounds is not None:
                 ctypes.memset(self._bounds, 0, ctypes.sizeof(self._bounds))
             self._entry(ctypes.addressof(in_ptrs), ctypes.addressof(out_ptrs), self._arena.ctypes.data,

@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 
 from kiln.kernel.analysis import coef, flat_index, fuse_contiguous_axes
-from kiln.kernel.ir import Assign, Compute, Const, Expr, If, Kernel, Load, Loop, Reduce, Stmt, Var, walk
+from kiln.kernel.ir import Assign, Compute, Expr, If, Kernel, Load, Loop, Reduce, Stmt, Var, hint, is_symbolic, walk
 from kiln.schedule.amx import schedule_amx
 from kiln.schedule.config import Config, Decisions, powers_of_two
 from kiln.schedule.guards import interior_swap
@@ -29,10 +29,12 @@ def _elem_bits(k: Kernel, c: Compute) -> int:
 
 
 def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
-                     options: dict[str, bool], dec: Decisions | None = None) -> list[Stmt]:
+                     options: dict[str, bool], dec: Decisions | None = None, symbolic_ok: bool = False) -> list[Stmt]:
     """The loop nest of one compute. `dec` makes the choices that could be made otherwise (schedule/config.py):
     without it, or with an empty configuration, every knob takes the heuristic's value."""
     dec = dec if dec is not None else Decisions()
+    if not symbolic_ok and symbolic_compute(c):  # run-time extents (kernel/dynamic.py)
+        return schedule_symbolic(k, c, tag, target, threads, options, dec)
     if "reorder" in c.hints and options.get("vectorize", True):  # a layout change: transposes (reorder.py)
         nest = schedule_reorder(c, target, threads if options.get("parallel", True) else 1)
         if nest is not None:
@@ -46,7 +48,7 @@ def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: i
         nest = schedule_int8(k, c, tag, target, threads, options)
         if nest is not None:
             return nest
-    if bf16_products(c):  # precision="bf16" (graph/passes/precision.py): AMX tiles where the host has them
+    if bf16_products(c) and not symbolic_ok:  # precision="bf16" (passes/precision.py): AMX tiles if the host has them
         node = str(c.hints.get("node", c.out))
         nest = schedule_amx(k, c, tag, target, threads, options)
         if nest is not None:
@@ -77,9 +79,11 @@ def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: i
     nest = compute_to_loops(c, tag)
     if not c.axes:
         return nest
+    symbolic = any(is_symbolic(n) for n in c.extents) or any(
+        is_symbolic(n) for r in walk(c.body) if isinstance(r, Reduce) for _, n in r.axes)
     reds = [e for e in walk(c.body) if isinstance(e, Reduce)]
-    red_size = int(np.prod([n for r in reds for _, n in r.axes])) if reds else 1
-    work = int(np.prod(c.extents)) * red_size
+    red_size = int(np.prod([hint(n) for r in reds for _, n in r.axes])) if reds else 1
+    work = int(np.prod([hint(n) for n in c.extents])) * red_size
 
     # the perfect nest of output loops, outermost first
     chain: list[Loop] = []
@@ -94,14 +98,14 @@ def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: i
         return body
 
     inner = chain[-1]
-    n_inner = int(inner.extent.value) if isinstance(inner.extent, Const) else 0
+    n_inner = hint(inner.extent)
     lanes = target.lanes(_elem_bits(k, c))
     vec_out = False
     red_loop = _innermost_reduction(cur)
     if options.get("vectorize", True):
         out_contig = _contiguous(k, c.body, inner.var)
         if red_loop is not None and _contiguous(k, c.body, red_loop.var) and (n_inner < 4 or not out_contig) \
-                and isinstance(red_loop.extent, Const) and red_loop.extent.value >= 4:
+                and hint(red_loop.extent) >= 4:
             red_loop.kind, red_loop.lanes, red_loop.masked = "vector_reduce", lanes, True
         elif n_inner >= 4:
             while lanes > n_inner and lanes > 4:
@@ -112,7 +116,7 @@ def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: i
             chain[-1] = vectorize(inner, lanes)
             vec_out = True
 
-    if reds:  # a window over padding (pooling in the blocked layout): interior iterations without the guards
+    if reds and not symbolic:  # a window over padding (blocked pooling): interior iterations without the guards
         ranges = {v: n for r in reds for v, n in r.axes}
         if vec_out:
             ranges[inner.var] = n_inner
@@ -135,10 +139,38 @@ def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: i
     fused.body = rebuild(outer[1:], rebuild(chain[len(outer):], cur))
     used = 1
     least = threads * int(dec.knob("parallel_min", 8, powers_of_two(1, 64)))
-    while used < len(outer) and int(fused.extent.value) < least:
+    while used < len(outer) and hint(fused.extent) < least:
         fused = fuse(fused)
         used += 1
     return [parallel(fused)]
+
+
+def symbolic_compute(c: Compute) -> bool:
+    """Does the compute run over a symbolic dim (an extent known only at run time)?"""
+    return any(is_symbolic(n) for n in c.extents) or any(
+        is_symbolic(n) for r in walk(c.body) if isinstance(r, Reduce) for _, n in r.axes)
+
+
+def schedule_symbolic(k: Kernel, c: Compute, tag: str, target: Target, threads: int, options: dict[str, bool],
+                      dec: Decisions) -> list[Stmt]:
+    """A compute with run-time extents. The transposes' and Winograd's schedules, the 8-bit and AMX tiles, the
+    microkernels and library calls are built for constant extents: such a compute runs the direct register tile
+    (its tile counts and edges computed at run time) or the plain vectorized nest, and `Kernel.strategies` says so
+    for an anchor that asked for another strategy."""
+    node = c.hints.get("node")
+    if node is not None and c.hints.get("strategy", "direct") not in ("direct", "auto"):
+        k.strategies[node] = "direct (symbolic dims)"
+    if options.get("fuse_axes", True):
+        c = fuse_contiguous_axes(c, lambda name: k.buffer(name).shape)
+    if options.get("register_tile", True) and options.get("vectorize", True):
+        shape = choose_tile(k, c, target, dec)
+        if shape is not None:
+            if node is not None:
+                k.strategies.setdefault(node, "direct")
+            return tile_compute(k, c, shape, tag, threads if options.get("parallel", True) else 1, None, dec)
+    plain = {h: v for h, v in c.hints.items() if h not in ("reorder", "winograd", "int8", "strategy")}
+    return schedule_compute(k, Compute(c.out, c.axes, c.extents, c.body, c.store, plain), tag, target, threads,
+                            {**options, "register_tile": False}, dec, symbolic_ok=True)
 
 
 def schedule_by_strategy(k: Kernel, c: Compute, tag: str, target: Target, threads: int,

@@ -19,6 +19,7 @@ from kiln.kernel.ir import (
     Stmt,
     Store,
     Var,
+    as_extent,
     init_value,
     substitute,
     walk,
@@ -45,13 +46,13 @@ def compute_to_loops(c: Compute, tag: str) -> list[Stmt]:
         ref = LocalRef(acc, r.dtype)
         update: Stmt = Assign(acc, combine(r.op, ref, r.body))
         for v, n in reversed(r.axes):
-            update = Loop(v, Const(n, "int64"), [update])
+            update = Loop(v, as_extent(n), [update])
         inner = [Local(acc, r.dtype, init_value(r.op, r.dtype)), update,
                  Store(c.out, c.store_index, substitute(c.body, {r: ref}))]
     else:
         inner = [Store(c.out, c.store_index, c.body)]
     for v, n in reversed(list(zip(c.axes, c.extents))):
-        inner = [Loop(v, Const(n, "int64"), inner)]
+        inner = [Loop(v, as_extent(n), inner)]
     return inner
 
 
@@ -84,7 +85,7 @@ def rename(stmts: list[Stmt], mapping: dict[Expr, Expr]) -> list[Stmt]:
 
 
 def fuse(outer: Loop) -> Loop:
-    """Merge a loop with its only child loop (both constant extents).
+    """Merge a loop with its only child loop (constant or run-time extents).
 
         for i in 0..N: for j in 0..M: S(i, j)
     becomes
@@ -93,10 +94,12 @@ def fuse(outer: Loop) -> Loop:
     inner = outer.body[0]
     assert len(outer.body) == 1 and isinstance(inner, Loop)
     n, m = outer.extent, inner.extent
-    assert isinstance(n, Const) and isinstance(m, Const)
     v = Var(f"{outer.var.name}_{inner.var.name}")
-    body = rename(inner.body, {outer.var: v // m.value, inner.var: v % m.value})
-    return Loop(v, Const(n.value * m.value, "int64"), body, outer.kind, outer.lanes, outer.masked)
+    if isinstance(n, Const) and isinstance(m, Const):
+        body = rename(inner.body, {outer.var: v // m.value, inner.var: v % m.value})
+        return Loop(v, Const(n.value * m.value, "int64"), body, outer.kind, outer.lanes, outer.masked)
+    body = rename(inner.body, {outer.var: v // m, inner.var: v % m})
+    return Loop(v, n * m, body, outer.kind, outer.lanes, outer.masked)
 
 
 def split(loop: Loop, factor: int) -> Loop:
@@ -105,12 +108,17 @@ def split(loop: Loop, factor: int) -> Loop:
         for i in 0..N: S(i)
     becomes
         for io in 0..ceil(N/f): for ii in 0..min(f, N - io*f): S(io*f + ii)
-    (the inner extent shrinks on the last chunk instead of guarding every iteration)."""
-    assert isinstance(loop.extent, Const)
-    n = loop.extent.value
+    (the inner extent shrinks on the last chunk instead of guarding every iteration). A run-time extent N (a
+    symbolic dim) gives the same nest with ceil(N/f) and the shrinking inner extent computed at run time."""
     vo, vi = Var(loop.var.name + "o"), Var(loop.var.name + "i")
     from kiln.kernel.ir import minimum
     f = Const(factor, "int64")
+    if not isinstance(loop.extent, Const):
+        n_rt = loop.extent
+        inner = Loop(vi, minimum(f, n_rt - vo * factor), rename(loop.body, {loop.var: vo * factor + vi}), loop.kind,
+                     loop.lanes, loop.masked)
+        return Loop(vo, (n_rt + (factor - 1)) // factor, [inner])
+    n = loop.extent.value
     ext: Expr = f if n % factor == 0 else minimum(f, Const(n, "int64") - vo * factor)
     inner = Loop(vi, ext, rename(loop.body, {loop.var: vo * factor + vi}), loop.kind, loop.lanes, loop.masked)
     return Loop(vo, Const(-(-n // factor), "int64"), [inner])

@@ -42,9 +42,12 @@ from kiln.kernel.ir import (
     Stmt,
     Store,
     Var,
+    as_extent,
     children,
     cmp,
+    hint,
     init_value,
+    is_symbolic,
     minimum,
     rebuild,
     substitute,
@@ -95,12 +98,12 @@ def choose_tile(k: Kernel, c: Compute, target: Target, dec: Decisions | None = N
     if c.hints.get("depthwise"):
         return _depthwise_rows_tile(c, target, dec)
     n_axis = len(c.axes) - 1
-    nv, n_ext = c.axes[n_axis], c.extents[n_axis]
+    nv, n_ext = c.axes[n_axis], hint(c.extents[n_axis])
     if n_ext < 4:
         return None
     loads = [e for e in walk(red.body) if isinstance(e, Load)]
     best: tuple[int, int] | None = None
-    for ai, (v, ext) in enumerate(zip(c.axes[:-1], c.extents[:-1])):
+    for ai, (v, ext) in enumerate(zip(c.axes[:-1], map(hint, c.extents[:-1]))):
         if ext < 2:
             continue
         shared = any(_depends(ld, nv) and not _depends(ld, v) for ld in loads)
@@ -167,15 +170,16 @@ def _packed_tile(c: Compute, red: Reduce, target: Target, dec: Decisions) -> Til
         # with the taps shared
         most = (regs - nvec - 2) // nvec
     most = max(1, most)
-    mr = pick_mr(c.extents[m_axis], most)
-    rows = c.extents[m_axis]
+    mr = pick_mr(hint(c.extents[m_axis]), most)
+    rows = hint(c.extents[m_axis])
     # an output row too short for the tile the registers allow (AVX2's 6 rows on 14-, 28- or 56-pixel rows
     # leave edge tiles, so pick_mr takes 4): let tiles run on over row ends instead (flatten_rows)
     # (not a depthwise tile: its interior tiles, which need a row's affine addresses, run without padding masks)
     spatial = tuple(a % len(c.axes) for a in c.hints.get("spatial", ()))
     flat = False
-    if spatial and m_axis == spatial[1] and c.extents[spatial[0]] > 1 and not c.hints.get("depthwise"):
-        flat_rows = c.extents[spatial[0]] * c.extents[spatial[1]]
+    if spatial and m_axis == spatial[1] and not any(is_symbolic(c.extents[a]) for a in spatial) \
+            and c.extents[spatial[0]] > 1 and not c.hints.get("depthwise"):
+        flat_rows = c.extents[spatial[0]] * c.extents[spatial[1]]  # spatial dims are static (kernel/dynamic.py)
         flat_mr = pick_mr(flat_rows, most)
         flat = bool(dec.knob("flatten_rows", flat_mr > mr, (False, True)))
         if flat:
@@ -190,15 +194,15 @@ def _depthwise_rows_tile(c: Compute, target: Target, dec: Decisions) -> TileShap
     shift instead of MR·kh; the weights are per-channel scalars."""
     lanes = target.lanes(32)
     m_axis, n_axis = c.hints["m_axis"] % len(c.axes), c.hints["n_axis"] % len(c.axes)
-    w = c.extents[n_axis]
+    w = hint(c.extents[n_axis])
     if w < lanes // 2:
         return None
     nvec = int(dec.knob("nvec", 2 if lane_fill_of(w, 2 * lanes) > lane_fill_of(w, lanes) else 1, (1, 2)))
     # half the registers beside the accumulators for the input rows in flight (conv_dw, AVX2: MR 2 / 4 / 6 / 8
     # → 0.185 / 0.128 / 0.126 / 0.204 ms)
     most = max(1, (target.vector_registers - 4) // (2 * nvec))
-    mr = pick_mr(c.extents[m_axis], most)
-    mr = int(dec.knob("mr", mr, mr_domain(c.extents[m_axis], target.vector_registers, nvec)))
+    mr = pick_mr(hint(c.extents[m_axis]), most)
+    mr = int(dec.knob("mr", mr, mr_domain(hint(c.extents[m_axis]), target.vector_registers, nvec)))
     return TileShape(m_axis, n_axis, mr, nvec * lanes, lanes)
 
 
@@ -259,6 +263,8 @@ def packable_rows(c: Compute, red: Reduce, t: TileShape) -> Load | None:
     m_v, n_v = c.axes[t.m_axis], c.axes[t.n_axis]
     M = c.extents[t.m_axis]
     others = [e for i, e in enumerate(c.extents) if i not in (t.m_axis, t.n_axis)]
+    if is_symbolic(M) or any(is_symbolic(e) for _, e in red.axes):  # a packed copy sized by run-time rows: not yet
+        return None
     if len(red.axes) != 1 or M < 2 * t.mr or any(e != 1 for e in others) or red.axes[0][1] < 64:
         return None
     rows = [ld for ld in walk(red.body) if isinstance(ld, Load) and _depends(ld, m_v) and not _depends(ld, n_v)]
@@ -342,12 +348,14 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
     else:
         red_body = red.body
     others = [(v, e) for i, (v, e) in enumerate(zip(c.axes, c.extents)) if i not in (t.m_axis, t.n_axis)]
-    n_mo, n_no = -(-M // t.mr), -(-N // t.nr)
+    # a symbolic M or N (kernel/dynamic.py): the tile counts are run-time expressions, every edge is handled
+    n_mo, n_no = _ceil_div(M, t.mr), _ceil_div(N, t.nr)
+    dynamic = is_symbolic(M) or is_symbolic(N) or any(is_symbolic(e) for _, e in others)
     # one parallel loop over (others…, no, mo): mo fastest, so consecutive tiles share the n-panel — unless the
     # reduction is short (1×1 convs with Ci ≤ 128): then the tile is mostly its stores, and no fastest keeps
     # the MR rows it writes (and the residual it reads) a few sequential streams instead of M interleaved
     # ones (resnet50's Ci=64 → 256 convs on 56×56: 1.50 → 1.38 ms, mobilenetv2's 16 → 96 on 112×112: 1.3 → 0.9)
-    red_size = int(np.prod([e for _, e in red.axes]))
+    red_size = int(np.prod([hint(e) for _, e in red.axes]))
     # the knob `order`: which tile index runs fastest ("m": down the rows of one panel, "n": across panels)
     fast = dec.knob("order", "n" if red_size <= 128 and "nr" not in c.hints else "m", ("m", "n"))
     order = [mo, no] if fast == "n" else [no, mo]
@@ -356,13 +364,19 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
     # (block < extent: a block of rows stays in L2 while every panel passes, or a block of panels while every
     # row tile does); the default is one block (no blocking)
     n_fast = extents[-1]
-    block = int(dec.knob("block", n_fast, [b for b in powers_of_two(1, n_fast) if b < n_fast] + [n_fast]))
-    total = int(np.prod(extents))
+    if dynamic:  # blocks of run-time-many tiles: not yet (one block)
+        block = n_fast
+        total: Expr | int = as_extent(extents[0])
+        for e in extents[1:]:
+            total = total * e
+    else:
+        block = int(dec.knob("block", n_fast, [b for b in powers_of_two(1, n_fast) if b < n_fast] + [n_fast]))
+        total = int(np.prod(extents))
     flat = Var(f"tile{tag}")
     decode: dict[Expr, Expr] = {}
     stride = 1
     names = [v for v, _ in others] + order
-    if block < n_fast:  # (others…, fast block, slow, fast in block); the last block may be partial
+    if not dynamic and block < n_fast:  # (others…, fast block, slow, fast in block); the last block may be partial
         slow_v, fast_v = names[-2], names[-1]
         n_slow = extents[-2]
         per_block = block * n_slow
@@ -380,11 +394,12 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
         decode[fast_v] = fb * block + rest % size
     else:
         for v, e in reversed(list(zip(names, extents))):
-            decode[v] = (flat // stride) % e if stride > 1 else flat % e
-            stride *= e
+            decode[v] = (flat // stride) % e if is_symbolic(stride) or stride > 1 else flat % e
+            stride = stride * e
     m_expr = mo * t.mr + mi
     n_expr = no * t.nr + ni
-    n_ext = minimum(Const(t.nr, "int64"), Const(N, "int64") - no * t.nr) if N % t.nr else Const(t.nr, "int64")
+    n_ext = minimum(Const(t.nr, "int64"), as_extent(N) - no * t.nr) if is_symbolic(N) or N % t.nr \
+        else Const(t.nr, "int64")
 
     red_axes = red.axes
     split: dict[Expr, Expr] = {}
@@ -411,7 +426,7 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
         red_axes = ((rco, ci // cb),) + taps + ((rci, cb),)
 
     def tile_term(edge: bool) -> Expr:
-        m_read = minimum(m_expr, Const(M - 1, "int64")) if edge else m_expr
+        m_read = minimum(m_expr, as_extent(M) - 1) if edge else m_expr
         term = simplify_panels(substitute(red_body, {m_v: m_read, n_v: n_expr}), ni, t.nr)
         return substitute(term, split) if split else term
 
@@ -421,29 +436,33 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
         update: Stmt = Loop(mi, Const(t.mr, "int64"),
                             [Assign(acc, combine("sum", LocalRef(acc, red.dtype, mi), term), mi)], "unroll")
         for i, (v, e) in enumerate(reversed(red_axes)):
-            update = Loop(v, Const(e, "int64"), [update], "unroll" if i == 0 and unroll_last else "serial")
+            update = Loop(v, as_extent(e), [update], "unroll" if i == 0 and unroll_last else "serial")
         out_idx = substitute_all(c.store_index, {m_v: m_expr, n_v: n_expr})
         epilogue = substitute(c.body, {red: LocalRef(acc, red.dtype, mi), m_v: m_expr, n_v: n_expr})
         store: Stmt = Store(c.out, out_idx, epilogue)
         if edge or (packed is not None and M % t.mr):
-            store = If(cmp("<", m_expr, Const(M, "int64")), [store])
+            store = If(cmp("<", m_expr, as_extent(M)), [store])
         return Loop(ni, n_ext, [Local(acc, red.dtype, init_value("sum", red.dtype), t.mr), update,
                                 Loop(mi, Const(t.mr, "int64"), [store], "unroll")], "vector", t.nr, masked=True)
 
     # full row blocks run a tile without clamps or guards: its MR rows are one base + constant offsets; a tile
     # that reads only inside a padded input runs without the padding's masks (guards.py)
-    inner = split_interior(tile_term(False), {mi: t.mr, ni: t.nr, **dict(red_axes)})
+    inner = None if dynamic else split_interior(tile_term(False), {mi: t.mr, ni: t.nr, **dict(red_axes)})
     body_tiles: list[Stmt] = [tile(False, tile_term(False))]
     if inner is not None:
         body_tiles = [If(inner[1], [tile(False, inner[0])], body_tiles)]
-    if M % t.mr and packed is None:
-        full = cmp("<=", mo * t.mr + t.mr, Const(M, "int64"))
+    if (is_symbolic(M) or M % t.mr) and packed is None:
+        full = cmp("<=", mo * t.mr + t.mr, as_extent(M))
         tiles: list[Stmt] = [If(full, body_tiles, [tile(True, tile_term(True))])]
     else:
         tiles = body_tiles
     body = rename_tile(tiles, decode)
-    kind = "parallel" if threads > 1 and total > 1 else "serial"
-    return pre + [Loop(flat, Const(total, "int64"), body, kind)]
+    kind = "parallel" if threads > 1 and hint(total) > 1 else "serial"
+    return pre + [Loop(flat, as_extent(total), body, kind)]
+
+
+def _ceil_div(n: Expr | int, d: int) -> Expr | int:
+    return (n + (d - 1)) // d if is_symbolic(n) else -(-n // d)
 
 
 def simplify_panels(e: Expr, ni: Var, nr: int) -> Expr:

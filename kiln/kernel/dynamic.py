@@ -1,0 +1,305 @@
+"""Symbolic dimensions in the kernel IR: max layouts and run-time extents (issue 15).
+
+A graph with symbolic dims (`batch`, `seq`, `3*seq`; kiln/graph/symbolic.py) is compiled ONCE:
+
+  * every tensor is stored at its *max layout* — each symbolic dim at its upper bound (`graph.bounds`) — so every
+    stride is a compile-time constant and the vector code, register tiles and address arithmetic of the static
+    path apply unchanged; the memory plan is sized once, from the bounds, with liveness reuse kept;
+  * every loop over a symbolic dim runs to the dim's value at run time (`Sym`, read from the module's dims array
+    that the Executable fills per call): the work and the memory touched scale with the actual size, and an edge
+    is a partial tile (the schedules' masked / guarded edges), never a recompilation.
+
+Lowering runs on `max_graph` (the graph at its upper bounds, so op lowerings need not know about symbols);
+`runtime_extents` then gives each loop axis its run-time extent by where the axis indexes a symbolic dim: an axis
+that indexes dim `seq` of a graph value runs to `seq`. An access that indexes a symbolic dim with anything but a
+plain loop axis (a conv window, a concat offset, a negative Gather index) is refused with a ModelError naming the
+op, node and dim — in the max layout such an access would read the wrong element, so it is never emitted."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kiln.errors import ModelError
+from kiln.graph.ir import Graph, Node, TensorType, Value
+from kiln.kernel.ir import Compute, Const, Expr, Load, Reduce, Sym, Var, substitute, walk
+from kiln.kernel.lower import Lowered, axes_for
+
+# Ops whose lowering uses a dim's VALUE (not only its extent) when the dim is reduced/indexed: refused on a
+# symbolic axis (their attrs name the axes): op → attribute holding the axis/axes
+_VALUE_OF_DIM = {"ArgReduce": "axis", "CumSum": "axis", "TopKIndex": "axis", "ReverseSequence": "axis"}
+
+
+def _sympy():  # noqa: ANN202 - the module; imported only for symbolic graphs (static compiles never pay for it)
+    import sympy
+    return sympy
+
+
+def is_static(d: Any) -> bool:
+    return isinstance(d, (int, np.integer))
+
+
+def upper(d: Any, bounds: dict[str, tuple[int, int]]) -> int:
+    """The largest value of a dim over the bound box (every corner: dims are monotone in each symbol in practice,
+    and a corner evaluation is exact for the affine, product and floor-division dims shape rules make)."""
+    if is_static(d):
+        return int(d)
+    syms = sorted(d.free_symbols, key=lambda s: s.name)
+    best = None
+    for corner in range(1 << len(syms)):
+        vals = {s: bounds[s.name][(corner >> i) & 1] for i, s in enumerate(syms)}
+        v = int(d.subs(vals))
+        best = v if best is None else max(best, v)
+    return int(best)
+
+
+@dataclass
+class DynamicDims:
+    """The symbolic dims of one graph: their slots in the dims array, bounds, and every value's symbolic shape."""
+    bounds: dict[str, tuple[int, int]]
+    shapes: dict[str, tuple[Any, ...]] = field(default_factory=dict)  # value name → symbolic shape (symbolic only)
+    slots: dict[str, int] = field(default_factory=dict)
+    fallbacks: dict[str, str] = field(default_factory=dict)            # node → why it runs a generic schedule
+
+    @staticmethod
+    def of(graph: Graph) -> DynamicDims | None:
+        bounds = dict(getattr(graph, "bounds", None) or {})
+        shapes = {v.name: v.shape for v in graph.values() if not all(is_static(d) for d in v.shape)}
+        if not shapes:
+            return None
+        names = sorted({s.name for shp in shapes.values() for d in shp if not is_static(d) for s in d.free_symbols})
+        missing = [s for s in names if s not in bounds]
+        if missing:
+            raise ModelError(f"symbolic dims {missing} have no bounds (graph.bounds)")
+        from kiln.codegen.exprs import MAX_DIMS
+        if len(names) > MAX_DIMS:
+            raise ModelError(f"{len(names)} symbolic dims; a module holds at most {MAX_DIMS}")
+        return DynamicDims(bounds, shapes, {s: i for i, s in enumerate(names)})
+
+    def upper(self, d: Any) -> int:
+        return upper(d, self.bounds)
+
+    def code(self, d: Any) -> int | str:
+        """A dim for the executable's metadata: an int, or integer arithmetic over the symbols' names
+        (kiln/runtime/shapes.py evaluates it without running it as code)."""
+        return int(d) if is_static(d) else _code(self.expr(d))
+
+    def meta(self, graph: Graph) -> dict[str, Any]:
+        """What the Executable needs to bind, check and evaluate shapes at run time."""
+        return {"symbols": sorted(self.slots, key=self.slots.get),
+                "bounds": {s: list(self.bounds[s]) for s in self.slots}}
+
+    def shape_of(self, v: Value) -> tuple[Any, ...]:
+        return self.shapes.get(v.name, v.shape)
+
+    def expr(self, d: Any) -> Expr:
+        """A dim as a kernel expression over `Sym`s (int64)."""
+        if is_static(d):
+            return Const(int(d), "int64")
+        sp = _sympy()
+        if isinstance(d, sp.Integer):
+            return Const(int(d), "int64")
+        if isinstance(d, sp.Symbol):
+            return Sym(d.name, self.slots[d.name], self.bounds[d.name][1])
+        if isinstance(d, sp.Add):
+            out = self.expr(d.args[0])
+            for a in d.args[1:]:
+                out = out + self.expr(a)
+            return out
+        if isinstance(d, sp.Mul):
+            num, den = sp.fraction(d)
+            if den != 1:
+                raise ModelError(f"dim {d} is not an integer expression")
+            out = self.expr(num.args[0]) if isinstance(num, sp.Mul) else self.expr(num)
+            for a in (num.args[1:] if isinstance(num, sp.Mul) else ()):
+                out = out * self.expr(a)
+            return out
+        if isinstance(d, sp.floor):
+            num, den = sp.fraction(sp.together(d.args[0]))
+            return self.expr(sp.expand(num)) // self.expr(den)
+        if isinstance(d, sp.Mod):
+            return self.expr(d.args[0]) % self.expr(d.args[1])
+        if isinstance(d, sp.Pow) and d.exp.is_Integer and int(d.exp) > 0:
+            out = self.expr(d.base)
+            for _ in range(int(d.exp) - 1):
+                out = out * self.expr(d.base)
+            return out
+        if isinstance(d, (sp.Max, sp.Min)):
+            from kiln.kernel.ir import maximum, minimum
+            fn = maximum if isinstance(d, sp.Max) else minimum
+            out = self.expr(d.args[0])
+            for a in d.args[1:]:
+                out = fn(out, self.expr(a))
+            return out
+        raise ModelError(f"dim {d} ({type(d).__name__}) has no kernel expression")
+
+
+def _code(e: Expr) -> str:
+    from kiln.kernel.ir import Bin
+    if isinstance(e, Const):
+        return str(int(e.value))
+    if isinstance(e, Sym):
+        return e.name
+    if isinstance(e, Bin) and e.op in ("+", "-", "*", "//", "%"):
+        return f"({_code(e.a)} {e.op} {_code(e.b)})"
+    if isinstance(e, Bin) and e.op in ("max", "min"):
+        return f"{e.op}({_code(e.a)}, {_code(e.b)})"
+    raise ModelError(f"dim {e!r} has no integer code")
+
+
+# -- the graph at its upper bounds ----------------------------------------------------------------------------------
+def _concrete(a: Any, dims: DynamicDims) -> Any:
+    if isinstance(a, (list, tuple)):
+        return type(a)(_concrete(x, dims) for x in a)
+    if isinstance(a, (int, float, str, bool, np.ndarray, type(None))) or isinstance(a, Graph):
+        return a
+    return dims.upper(a) if hasattr(a, "free_symbols") else a
+
+
+def max_graph(graph: Graph, dims: DynamicDims) -> Graph:
+    """A copy of `graph` with every symbolic dim (shapes and attributes) at its upper bound: what lowering sees."""
+    new_of: dict[int, Value] = {}
+
+    def val(v: Value) -> Value:
+        if id(v) not in new_of:
+            shape = tuple(dims.upper(d) for d in v.shape)
+            new_of[id(v)] = Value(v.name, TensorType(v.dtype, shape), v.const)
+        return new_of[id(v)]
+
+    g = Graph([val(v) for v in graph.inputs], [], name=graph.name, output_names=list(graph.output_names))
+    for n in graph.nodes:
+        node = Node(n.op, [val(v) for v in n.inputs], [], {k: _concrete(a, dims) for k, a in n.attrs.items()}, n.name)
+        node.outputs = [val(v) for v in n.outputs]
+        for v in node.outputs:
+            v.producer = node
+        g.nodes.append(node)
+    g.outputs = [val(v) for v in graph.outputs]
+    return g
+
+
+# -- run-time extents ---------------------------------------------------------------------------------------------
+def check_node(n: Node, dims: DynamicDims) -> None:
+    """Refuse the ops whose lowering uses a symbolic dim's value (not its extent) on the axis it reduces."""
+    attr = _VALUE_OF_DIM.get(n.op)
+    if attr is None or not n.inputs:
+        return
+    shape = dims.shapes.get(n.inputs[0].name)
+    if shape is None:
+        return
+    axes = n.attrs.get(attr)
+    for ax in (axes if isinstance(axes, (list, tuple)) else (axes,)):
+        if isinstance(ax, int) and not is_static(shape[ax]):
+            raise _refuse(n, n.inputs[0].name, ax, shape[ax], f"{n.op} along it")
+    if n.op == "Reduce" and n.attrs.get("kind") == "mean":
+        pass
+
+
+def _refuse(n: Node, buf: str, axis: int, d: Any, how: str) -> ModelError:
+    return ModelError(f"{n.op} node '{n.name}': dim {axis} of %{buf} is symbolic ({d}) and the op uses it as "
+                      f"{how}; Kiln compiles symbolic dims where ops map them one to one (elementwise ops, MatMul, "
+                      f"reductions, Softmax, LayerNorm, Transpose, Gather of rows, the batch of Conv/Pool): pin it "
+                      f"with input_shapes=")
+
+
+def runtime_extents(n: Node, low: Lowered, dims: DynamicDims) -> Lowered:
+    """Give each compute axis and reduction axis of a lowered node its run-time extent (see the module docstring)."""
+    check_node(n, dims)
+    if n.op == "Reduce" and n.attrs.get("kind") in ("mean",):
+        shape = dims.shapes.get(n.inputs[0].name)
+        if shape is not None and any(not is_static(shape[a]) for a in n.attrs["axes"]):
+            a = next(a for a in n.attrs["axes"] if not is_static(shape[a]))
+            raise _refuse(n, n.inputs[0].name, a, shape[a], "the count of a mean")
+    return Lowered([_compute_extents(n, c, dims) for c in low.computes], low.temps)
+
+
+def _compute_extents(n: Node, c: Compute, dims: DynamicDims) -> Compute:
+    found: dict[Var, set[Expr]] = {}
+
+    def visit(buf: str, index: tuple[Expr, ...]) -> None:
+        shape = dims.shapes.get(buf)
+        if shape is None:
+            return
+        for j, (i, d) in enumerate(zip(index, shape)):
+            if is_static(d):
+                continue
+            if isinstance(i, Var):
+                found.setdefault(i, set()).add(dims.expr(d))
+            elif isinstance(i, Const) and int(i.value) < min(dims.bounds[s.name][0] for s in d.free_symbols):
+                continue  # a fixed position every size has (x[:, 0], the CLS token)
+            else:
+                raise _refuse(n, buf, j, d, f"the index {i!r}")
+
+    visit(c.out, c.store_index)
+    for e in walk(c.body):
+        if isinstance(e, Load):
+            visit(e.buf, e.index)
+    for s in c.store or ():
+        for e in walk(s):
+            if isinstance(e, Load):
+                visit(e.buf, e.index)
+
+    def extent_of(v: Var, n_max: int) -> int | Expr:
+        exprs = found.get(v)
+        if not exprs:
+            return n_max
+        if len(exprs) > 1:
+            raise ModelError(f"{n.op} node '{n.name}': loop axis {v.name} runs over symbolic dims "
+                             f"{sorted(map(repr, exprs))} that the graph does not prove equal")
+        return next(iter(exprs))
+
+    extents = tuple(extent_of(v, e) for v, e in zip(c.axes, c.extents))
+    swap: dict[Expr, Expr] = {}
+    for r in (x for x in walk(c.body) if isinstance(x, Reduce)):
+        axes = tuple((v, extent_of(v, e)) for v, e in r.axes)
+        if axes != r.axes:
+            swap[r] = Reduce(r.op, axes, r.body)
+    body = substitute(c.body, swap) if swap else c.body
+    return Compute(c.out, c.axes, extents, body, c.store, c.hints)
+
+
+# -- Reshape in the max layout ---------------------------------------------------------------------------------------
+def reshape_is_view(src: tuple[Any, ...], dst: tuple[Any, ...]) -> bool:
+    """Is Reshape src → dst the same storage in the max layouts? Yes when, size-1 dims aside, every symbolic dim maps
+    one to one and the static dims between them group into runs of equal product ([b, s, 768] → [b, s, 12, 64]);
+    a reshape that merges or splits a symbolic dim ([b, s, 768] → [b·s, 768]) moves elements: a copy."""
+    s, t = [d for d in src if d != 1], [d for d in dst if d != 1]
+    i = j = 0
+    while i < len(s) and j < len(t):
+        if not (is_static(s[i]) and is_static(t[j])):
+            if is_static(s[i]) or is_static(t[j]) or _sympy().simplify(s[i] - t[j]) != 0:
+                return False
+            i, j = i + 1, j + 1
+            continue
+        pa, pb = int(s[i]), int(t[j])
+        i, j = i + 1, j + 1
+        while pa != pb:
+            side = s if pa < pb else t
+            k = i if pa < pb else j
+            if k >= len(side) or not is_static(side[k]):
+                return False
+            if pa < pb:
+                pa, i = pa * int(s[i]), i + 1
+            else:
+                pb, j = pb * int(t[j]), j + 1
+    return i == len(s) and j == len(t)
+
+
+def reshape_copy(n: Node, dims: DynamicDims) -> Lowered:
+    """A Reshape that is not a view in the max layouts: copy element by element through the run-time row-major
+    index (flat = Σ index·live stride over dst, then unflattened over src's live dims)."""
+    x, y = n.inputs[0], n.outputs[0]
+    src = dims.shapes.get(x.name, x.shape)
+    dst = dims.shapes.get(y.name, y.shape)
+    ax = axes_for(y.shape)
+    flat: Expr = Const(0, "int64")
+    for v, d in zip(ax, dst):
+        flat = flat * dims.expr(d) + v
+    index: list[Expr] = []
+    rest = flat
+    for d in reversed(src):
+        e = dims.expr(d)
+        index.append(rest % e)
+        rest = rest // e
+    extents = tuple(dims.expr(d) if not is_static(d) else int(d) for d in dst)
+    return Lowered([Compute(y.name, ax, extents, Load(x.name, tuple(reversed(index)), x.dtype))])

@@ -1,0 +1,86 @@
+"""Run-time shapes of an executable compiled with symbolic dims (kernel/dynamic.py).
+
+A dim in the executable's metadata is an int or the text of an integer expression over the symbols
+("seq", "(seq * 3)", "((h + 1) // 2)"). Before anything runs, the symbols are bound from the inputs' shapes, checked
+against each other and against their compiled bounds, and the outputs' shapes evaluated. The expressions are
+evaluated by walking their syntax tree with integer operators only: a saved executable's metadata is never run
+as code."""
+from __future__ import annotations
+
+import ast
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
+           ast.Mod: operator.mod}
+_CALLS = {"max": max, "min": min}
+
+
+def evaluate(dim: int | str, values: dict[str, int]) -> int:
+    """The value of a dim for bound symbols."""
+    if isinstance(dim, int):
+        return dim
+
+    def go(node: ast.AST) -> int:
+        if isinstance(node, ast.Expression):
+            return go(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.Name):
+            return values[node.id]
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+            return _BINARY[type(node.op)](go(node.left), go(node.right))
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -go(node.operand)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _CALLS:
+            return _CALLS[node.func.id](*(go(a) for a in node.args))
+        raise ValueError(f"dim expression {dim!r} is not integer arithmetic over symbols")
+    return int(go(ast.parse(dim, mode="eval")))
+
+
+def bind(specs: Sequence[Any], arrays: Sequence[np.ndarray], bounds: dict[str, Sequence[int]]) -> dict[str, int]:
+    """The symbols' values from the inputs' shapes. Raises ValueError, before anything runs, for a wrong rank, a
+    static dim that differs, two inputs that disagree on a symbol, or a size outside the compiled bounds."""
+    values: dict[str, int] = {}
+    where: dict[str, str] = {}
+    for s, a in zip(specs, arrays):
+        if a.ndim != len(s.shape):
+            raise ValueError(f"input '{s.name}' has rank {a.ndim} (shape {list(a.shape)}), expected {len(s.shape)} "
+                             f"dims {list(s.shape)}")
+        for axis, (d, n) in enumerate(zip(s.shape, a.shape)):
+            if isinstance(d, int):
+                if d != n:
+                    raise ValueError(f"input '{s.name}' has shape {list(a.shape)}, expected {list(s.shape)} "
+                                     f"(dim {axis} is fixed at {d})")
+            elif d.isidentifier():
+                if d in values and values[d] != n:
+                    raise ValueError(f"inputs disagree on the symbolic dim '{d}': {values[d]} in {where[d]}, {n} in "
+                                     f"'{s.name}' (dim {axis})")
+                values.setdefault(d, int(n))
+                where.setdefault(d, f"'{s.name}' (dim {axis})")
+    for name, (lo, hi) in bounds.items():
+        if name not in values:
+            continue
+        if not lo <= values[name] <= hi:
+            raise ValueError(f"symbolic dim '{name}' = {values[name]} (from input {where[name]}) is outside the bounds "
+                             f"[{lo}, {hi}] this executable was compiled for: compile with dynamic_bounds="
+                             f"{{'{name}': ({lo}, {max(hi, values[name])})}}")
+    for s, a in zip(specs, arrays):  # composite dims (2*seq) once every symbol is bound
+        for axis, (d, n) in enumerate(zip(s.shape, a.shape)):
+            if isinstance(d, str) and not d.isidentifier():
+                try:
+                    want = evaluate(d, values)
+                except KeyError as e:
+                    raise ValueError(f"input '{s.name}' dim {axis} is {d}, but {e} is not a dim of any input") from None
+                if want != n:
+                    raise ValueError(f"input '{s.name}' has shape {list(a.shape)}: dim {axis} must be {d} = {want}")
+    return values
+
+
+def prefix_layout(dims: Sequence[int | str]) -> bool:
+    """Is every element's max-layout position its position in a tightly packed array? True when only the first dim
+    is symbolic (a batch): the live elements are a prefix of the max layout, so no staging copy is needed."""
+    return all(isinstance(d, int) for d in dims[1:])
