@@ -279,8 +279,8 @@ def executable_of(c: Compiled, tgt: Target, threads: int, bounds_check: bool = F
         "outputs": [{"name": n, "dtype": v.dtype, "shape": shape(v)} for n, v in zip(g.output_names, g.outputs)],
         # symbolic dims (kernel/dynamic.py): their names, bounds, and each input's/output's max layout
         "dynamic": None if dims is None else {
-            **dims.meta(g), "max_inputs": [list(v.shape) for v in c.program.graph.inputs],
-            "max_outputs": [list(v.shape) for v in c.program.graph.outputs]},
+            **dims.meta(g), "max_inputs": [dims.max_layout(v) for v in c.program.graph.inputs],
+            "max_outputs": [dims.max_layout(v) for v in c.program.graph.outputs]},
         "compilations": 1,  # a dynamic executable serves every size in its bounds from this one compilation
         "arena_bytes": c.plan.arena_bytes, "num_threads": threads, "kernels": [k.name for k in c.program.kernels],
         "flops": [k.flops for k in c.program.kernels], "compile_s": c.timings,

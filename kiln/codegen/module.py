@@ -16,8 +16,9 @@ from collections.abc import Iterator
 from llvmlite import ir
 
 from kiln.codegen.bounds import declare_bounds_runtime, set_current_kernel
-from kiln.codegen.exprs import I32, I64, PTR, declare_dims
+from kiln.codegen.exprs import I32, I64, PTR, declare_dims, dims_value
 from kiln.codegen.kernel import NTHREADS_GLOBAL, PARALLEL_GLOBAL, KernelEmitter, declare_runtime
+from kiln.codegen.loops import emit_loop
 from kiln.kernel.build import Program
 from kiln.kernel.ir import Kernel
 from kiln.runtime.memory import MemoryPlan
@@ -99,21 +100,39 @@ def build_module(prog: Program, plan: MemoryPlan, target: Target,
     b.store(nthreads, m.globals[NTHREADS_GLOBAL])
     b.store(b.ptrtoint(pool, I64), m.globals[PARALLEL_GLOBAL])
     has_hook = b.icmp_unsigned("!=", hook, ir.Constant(hook_ty, None))
-    for idx, names in enumerate(prog.bindings):
-        ptrs = []
-        for name in names:
-            p = plan.place(prog, name)
-            if p.kind in ("input", "output"):
-                arr = ins if p.kind == "input" else outs
-                ptrs.append(b.load(b.gep(arr, [ir.Constant(I64, p.index)], source_etype=PTR), typ=PTR))
-            else:
-                base = arena if p.kind == "arena" else weights
-                ptrs.append(b.gep(base, [ir.Constant(I64, p.index)], source_etype=ir.IntType(8)))
-        if bounds_check:
-            set_current_kernel(b, m, idx)
-        b.call(m.globals[called[idx]], ptrs)
-        with b.if_then(has_hook, likely=False):
-            b.call(hook, [ir.Constant(I32, idx)])
+
+    def calls(sample: ir.Value | None) -> None:
+        for idx, names in enumerate(prog.bindings):
+            ptrs = []
+            for name in names:
+                p = plan.place(prog, name)
+                if p.kind in ("input", "output"):
+                    arr = ins if p.kind == "input" else outs
+                    ptr = b.load(b.gep(arr, [ir.Constant(I64, p.index)], source_etype=PTR), typ=PTR)
+                    if sample is not None and _io_value(prog, p).name in prog.dims.sampled:
+                        step = _io_value(prog, p).type.nbytes  # one sample of it (the model is lowered for one)
+                        ptr = b.gep(ptr, [b.mul(sample, ir.Constant(I64, step))], source_etype=ir.IntType(8))
+                    ptrs.append(ptr)
+                else:
+                    base = arena if p.kind == "arena" else weights
+                    ptrs.append(b.gep(base, [ir.Constant(I64, p.index)], source_etype=ir.IntType(8)))
+            if bounds_check:
+                set_current_kernel(b, m, idx)
+            b.call(m.globals[called[idx]], ptrs)
+            with b.if_then(has_hook, likely=False):
+                b.call(hook, [ir.Constant(I32, idx)])
+
+    if prog.dims is not None and prog.dims.split is not None:  # one sample at a time (kernel/dynamic.py)
+        samples = dims_value(b, m, prog.dims.slots[prog.dims.split])
+        emit_loop(b, ir.Constant(I64, 0), samples, lambda i: (calls(i), ir.Constant(I64, 1))[1],
+                  ("samples", "sample", "samples_done"))
+    else:
+        calls(None)
     b.ret_void()
     return m, called
+
+
+def _io_value(prog: Program, p):  # noqa: ANN001, ANN202 - a Place of kind input/output → its graph Value
+    g = prog.graph
+    return (g.inputs if p.kind == "input" else g.outputs)[p.index]
 

@@ -4,7 +4,22 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from kiln.kernel.ir import Bin, Cast, Compute, Const, Expr, Load, Select, Sym, Un, Var, children, rebuild, substitute, walk
+from kiln.kernel.ir import (
+    Bin,
+    Cast,
+    Compute,
+    Const,
+    Expr,
+    Load,
+    Select,
+    Sym,
+    Un,
+    Var,
+    children,
+    rebuild,
+    substitute,
+    walk,
+)
 
 
 @functools.lru_cache(maxsize=1 << 16)

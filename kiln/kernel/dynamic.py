@@ -56,11 +56,17 @@ def upper(d: Any, bounds: dict[str, tuple[int, int]]) -> int:
 
 @dataclass
 class DynamicDims:
-    """The symbolic dims of one graph: their slots in the dims array, bounds, and every value's symbolic shape."""
+    """The symbolic dims of one graph: their slots in the dims array, bounds, and every value's symbolic shape.
+
+    `split`: a batch symbol every activation carries as its leading dim and no op mixes across (see `per_sample`).
+    The model is then lowered for ONE sample (that dim is 1 in every layout, so every kernel keeps its static
+    schedule — Winograd, packed layouts, AMX, microkernels) and kiln_main runs the kernels once per sample, on
+    inputs and outputs offset by a sample's size (codegen/module.py); the arena holds one sample's activations."""
     bounds: dict[str, tuple[int, int]]
     shapes: dict[str, tuple[Any, ...]] = field(default_factory=dict)  # value name → symbolic shape (symbolic only)
     slots: dict[str, int] = field(default_factory=dict)
-    fallbacks: dict[str, str] = field(default_factory=dict)            # node → why it runs a generic schedule
+    split: str | None = None
+    sampled: set[str] = field(default_factory=set)  # graph inputs/outputs with the split dim (offset per sample)
 
     @staticmethod
     def of(graph: Graph) -> DynamicDims | None:
@@ -75,9 +81,22 @@ class DynamicDims:
         from kiln.codegen.exprs import MAX_DIMS
         if len(names) > MAX_DIMS:
             raise ModelError(f"{len(names)} symbolic dims; a module holds at most {MAX_DIMS}")
-        return DynamicDims(bounds, shapes, {s: i for i, s in enumerate(names)})
+        dims = DynamicDims(bounds, shapes, {s: i for i, s in enumerate(names)})
+        dims.split = per_sample(graph)
+        if dims.split is not None:
+            dims.sampled = {v.name for v in graph.inputs + graph.outputs
+                            if v.shape and not is_static(v.shape[0]) and str(v.shape[0]) == dims.split}
+            dims.shapes = {}  # one sample's shapes: the split dim is 1, what stays symbolic is the rest
+            for name, shp in shapes.items():
+                shp = tuple(_at_one(d, dims.split) for d in shp)
+                if not all(is_static(d) for d in shp):
+                    dims.shapes[name] = shp
+        return dims
 
     def upper(self, d: Any) -> int:
+        """The size of d in the max layout: its upper bound, with a split batch at 1 (one sample at a time)."""
+        if self.split is not None:
+            d = _at_one(d, self.split)
         return upper(d, self.bounds)
 
     def code(self, d: Any) -> int | str:
@@ -88,7 +107,14 @@ class DynamicDims:
     def meta(self, graph: Graph) -> dict[str, Any]:
         """What the Executable needs to bind, check and evaluate shapes at run time."""
         return {"symbols": sorted(self.slots, key=self.slots.get),
-                "bounds": {s: list(self.bounds[s]) for s in self.slots}}
+                "bounds": {s: list(self.bounds[s]) for s in self.slots}, "per_sample": self.split}
+
+    def max_layout(self, v: Value) -> list[int]:
+        """The whole max layout of a graph input/output of the lowered graph `v` (with all samples)."""
+        shape = list(v.shape)
+        if v.name in self.sampled:
+            shape[0] = self.bounds[self.split][1]
+        return shape
 
     def shape_of(self, v: Value) -> tuple[Any, ...]:
         return self.shapes.get(v.name, v.shape)
@@ -146,6 +172,57 @@ def _code(e: Expr) -> str:
     if isinstance(e, Bin) and e.op in ("max", "min"):
         return f"{e.op}({_code(e.a)}, {_code(e.b)})"
     raise ModelError(f"dim {e!r} has no integer code")
+
+
+def _at_one(d: Any, name: str) -> Any:
+    """d with the symbol `name` set to 1 (an int when nothing symbolic is left)."""
+    if is_static(d):
+        return d
+    d = d.subs({s: 1 for s in d.free_symbols if s.name == name})
+    return int(d) if getattr(d, "is_Integer", False) else d
+
+
+# ops that mix elements along an axis attribute: on axis 0 of a batched value they would mix samples
+_AXIS_ATTRS = ("axis", "axes")
+
+
+def per_sample(graph: Graph) -> str | None:
+    """The symbol the model can run one sample at a time over, or None. It must be the leading dim of every
+    activation that has it (and appear nowhere else), every op reading a batched value must write batched values,
+    and no op may work along axis 0 of a batched value (a Softmax or Concat over the batch)."""
+    first = [v.shape[0] for v in graph.inputs if v.shape and not is_static(v.shape[0])]
+    cands = {d.name for d in first if getattr(d, "is_Symbol", False)}
+    for name in sorted(cands):
+        if _splits(graph, name):
+            return name
+    return None
+
+
+def _splits(graph: Graph, name: str) -> bool:
+    def batched(v: Value) -> bool | None:  # True: leading dim is the symbol; False: no trace of it; None: elsewhere
+        has = [i for i, d in enumerate(v.shape) if not is_static(d) and any(s.name == name for s in d.free_symbols)]
+        if not has:
+            return False
+        return True if has == [0] and getattr(v.shape[0], "is_Symbol", False) else None
+
+    for v in graph.inputs:
+        if batched(v) is None:
+            return False
+    for n in graph.nodes:
+        ins = [batched(v) for v in n.inputs if v.const is None]
+        outs = [batched(v) for v in n.outputs]
+        if None in ins or None in outs:
+            return False
+        if any(ins) and not all(outs):
+            return False  # a batched value reduced to an unbatched one: mixes samples
+        if any(ins):
+            for attr in _AXIS_ATTRS:
+                a = n.attrs.get(attr)
+                if a == 0 or (isinstance(a, (list, tuple)) and 0 in a):
+                    return False
+            if n.op == "Transpose" and n.attrs.get("perm", (0,))[0] != 0:
+                return False
+    return True
 
 
 # -- the graph at its upper bounds ----------------------------------------------------------------------------------
