@@ -12,23 +12,36 @@ import ml_dtypes  # noqa: F401  (registers numpy's "bfloat16" dtype: bf16 weight
 import numpy as np
 
 from kiln.errors import ModelError
+from kiln.graph import symbolic
+from kiln.graph.symbolic import Dim
 
 
 @dataclass(frozen=True)
 class TensorType:
     dtype: str                 # numpy dtype name: "float32", "int64", "bool", ...
-    shape: tuple[int, ...]
+    shape: tuple[Dim, ...]     # ints, or sympy expressions of symbols (kiln/graph/symbolic.py)
+
+    def __post_init__(self) -> None:
+        if not all(type(d) is int for d in self.shape):  # normalized: a static dim is always a Python int
+            object.__setattr__(self, "shape", symbolic.normalize_shape(self.shape))
 
     @property
-    def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+    def is_static(self) -> bool:
+        return all(type(d) is int for d in self.shape)
 
     @property
-    def nbytes(self) -> int:
-        return self.size * np.dtype(self.dtype).itemsize
+    def size(self) -> Dim:
+        """The element count: an int, or a sympy expression where the shape is symbolic."""
+        if self.is_static:
+            return int(np.prod(self.shape, dtype=np.int64))
+        return symbolic.prod(self.shape)
+
+    @property
+    def nbytes(self) -> Dim:
+        return symbolic.normalize(self.size * np.dtype(self.dtype).itemsize)
 
     def __str__(self) -> str:
-        return f"{self.dtype}[{','.join(map(str, self.shape))}]"
+        return f"{self.dtype}[{','.join(map(symbolic.dim_str, self.shape))}]"
 
 
 @dataclass(eq=False)
@@ -39,7 +52,7 @@ class Value:
     producer: Node | None = None
 
     @property
-    def shape(self) -> tuple[int, ...]:
+    def shape(self) -> tuple[Dim, ...]:
         return self.type.shape
 
     @property
@@ -80,6 +93,8 @@ class Graph:
     nodes: list[Node] = field(default_factory=list)
     name: str = "main"
     output_names: list[str] = field(default_factory=list)  # the model's names for `outputs`
+    # every symbol in any shape → its inclusive (lo, hi); empty for a static graph (kiln/graph/symbolic.py)
+    bounds: dict[str, tuple[int, int]] = field(default_factory=dict)
     _ids: itertools.count = field(default_factory=itertools.count, repr=False)
 
     # -- construction -------------------------------------------------------------------------------------
@@ -92,7 +107,7 @@ class Graph:
         from kiln.graph.ops import infer
 
         attrs = attrs or {}
-        types = infer(op, [v.type for v in inputs], attrs, name)
+        types = infer(op, [v.type for v in inputs], attrs, name, self.bounds)
         names = out_names or [self.fresh(name or op) for _ in types]
         node = Node(op, list(inputs), [], attrs, name or names[0])
         node.outputs = [Value(n, t, producer=node) for n, t in zip(names, types)]
@@ -138,7 +153,7 @@ class Graph:
             for v in n.inputs:
                 if id(v) not in defined and v.const is None:
                     raise ModelError(f"node '{n.name}' ({n.op}) reads %{v.name}, which is not defined before it")
-            types = infer(n.op, [v.type for v in n.inputs], n.attrs, n.name)
+            types = infer(n.op, [v.type for v in n.inputs], n.attrs, n.name, self.bounds)
             if types != [v.type for v in n.outputs]:
                 raise ModelError(f"node '{n.name}' ({n.op}): output types {[str(v.type) for v in n.outputs]} "
                                  f"but the op infers {[str(t) for t in types]}")
@@ -152,6 +167,8 @@ class Graph:
 
     def __str__(self) -> str:
         lines = [f"graph {self.name}(" + ", ".join(f"%{v.name}: {v.type}" for v in self.inputs) + ") {"]
+        if self.bounds:
+            lines.insert(0, "symbols " + ", ".join(f"{k} in [{lo}, {hi}]" for k, (lo, hi) in self.bounds.items()))
         lines += ["  " + str(n) for n in self.nodes]
         lines.append("  return " + ", ".join(f"%{v.name}" for v in self.outputs))
         lines.append("}")

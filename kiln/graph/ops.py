@@ -9,9 +9,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import sympy
 
 from kiln.errors import ModelError
+from kiln.graph import symbolic
 from kiln.graph.ir import TensorType
+from kiln.graph.symbolic import Dim
 
 Infer = Callable[[list[TensorType], dict[str, Any]], list[TensorType]]
 Eval = Callable[[list[np.ndarray], dict[str, Any]], list[np.ndarray]]
@@ -27,11 +30,27 @@ class OpDef:
 OPS: dict[str, OpDef] = {}
 
 
-def broadcast(*shapes: tuple[int, ...]) -> tuple[int, ...]:
-    try:
-        return tuple(np.broadcast_shapes(*shapes))
-    except ValueError as e:
-        raise ModelError(f"shapes {list(shapes)} do not broadcast: {e}") from None
+def broadcast(*shapes: tuple[Dim, ...]) -> tuple[Dim, ...]:
+    """NumPy broadcasting; on symbolic dims: s with 1 → s, s with s → s, anything else that is not provably equal
+    (s with n > 1, s with t) is an error naming the dims (a symbol ranges over sizes where it would not broadcast)."""
+    if all(symbolic.is_static(sh) for sh in shapes):
+        try:
+            return tuple(np.broadcast_shapes(*shapes))
+        except ValueError as e:
+            raise ModelError(f"shapes {list(shapes)} do not broadcast: {e}") from None
+    rank = max(len(sh) for sh in shapes)
+    out: list[Dim] = []
+    for axis in range(rank):
+        dims = [sh[axis - rank + len(sh)] for sh in shapes if axis - rank + len(sh) >= 0]
+        kept: list[Dim] = []
+        for d in dims:
+            if d != 1 and not any(symbolic.equal(d, k) for k in kept):
+                kept.append(d)
+        if len(kept) > 1:
+            raise ModelError(f"shapes {[symbolic.shape_str(sh) for sh in shapes]} do not broadcast: dims "
+                             f"{', '.join(symbolic.dim_str(d) for d in kept)} of axis {axis} are not provably equal")
+        out.append(kept[0] if kept else 1)
+    return tuple(out)
 
 
 def _same(ts: list[TensorType], a: dict) -> list[TensorType]:
@@ -163,8 +182,8 @@ def _matmul_shape(ts: list[TensorType], a: dict) -> list[TensorType]:
     x, y = ts[0].shape, ts[1].shape
     if len(x) < 2 or len(y) < 2:
         raise ModelError(f"MatMul wants rank ≥ 2 after import, got {x} @ {y}")
-    if x[-1] != y[-2]:
-        raise ModelError(f"MatMul inner dimensions differ: {x} @ {y}")
+    if not symbolic.equal(x[-1], y[-2]):
+        raise ModelError(f"MatMul inner dimensions differ: {symbolic.shape_str(x)} @ {symbolic.shape_str(y)}")
     return [TensorType(acc_dtype(ts[0].dtype), broadcast(x[:-2], y[:-2]) + (x[-2], y[-1]))]
 
 
@@ -172,22 +191,30 @@ OPS["MatMul"] = OpDef(_matmul_shape, lambda xs, a: [np.matmul(xs[0], xs[1]).asty
                       "anchor")
 
 
-def conv_out(size: int, k: int, stride: int, pad_lo: int, pad_hi: int, dil: int) -> int:
-    return (size + pad_lo + pad_hi - dil * (k - 1) - 1) // stride + 1
+def conv_out(size: Dim, k: int, stride: int, pad_lo: int, pad_hi: int, dil: int) -> Dim:
+    if type(size) is int and type(k) is int:
+        return (size + pad_lo + pad_hi - dil * (k - 1) - 1) // stride + 1
+    for what, v in (("kernel size", k), ("stride", stride), ("dilation", dil), ("padding", pad_lo),
+                    ("padding", pad_hi)):
+        if not symbolic.is_static(v):
+            raise ModelError(f"a symbolic {what} ({symbolic.dim_str(v)}) is not supported: it must be a constant")
+    return symbolic.normalize((size + pad_lo + pad_hi - dil * (k - 1) - 1) // stride + 1)
 
 
 def _spatial_out(shape: tuple[int, ...], kernel: tuple[int, ...], a: dict) -> tuple[int, ...]:
     nd = len(kernel)
     out = tuple(conv_out(shape[2 + i], kernel[i], a["strides"][i], a["pads"][i], a["pads"][i + nd],
                          a["dilations"][i]) for i in range(nd))
-    if min(out) < 1:
-        raise ModelError(f"window {kernel} with pads {a['pads']} does not fit input {shape}")
+    if min(symbolic.lower(d) for d in out) < 1:  # symbolic: at the smallest size the bounds allow
+        within = "" if symbolic.is_static(shape) else f" at every size within bounds {symbolic.current_bounds()}"
+        raise ModelError(f"window {kernel} with pads {a['pads']} does not fit input {symbolic.shape_str(shape)}"
+                         + within)
     return out
 
 
 def _conv_shape(ts: list[TensorType], a: dict) -> list[TensorType]:
     x, w = ts[0].shape, ts[1].shape
-    if x[1] != w[1] * a["group"]:
+    if not symbolic.equal(x[1], w[1] * a["group"]):
         raise ModelError(f"Conv input has {x[1]} channels, weight {w} with group {a['group']} "
                          f"wants {w[1] * a['group']}")
     return [TensorType(acc_dtype(ts[0].dtype), (x[0], w[0]) + _spatial_out(x, w[2:], a))]
@@ -248,21 +275,29 @@ OPS["InstanceNormalization"] = OpDef(_same, None, "norm")
 # -- data movement -------------------------------------------------------------------------------------------
 def _reshape(ts: list[TensorType], a: dict) -> list[TensorType]:
     shape = tuple(a["shape"])
-    if int(np.prod(shape)) != ts[0].size:
-        raise ModelError(f"cannot reshape {ts[0].shape} to {shape}")
+    if not symbolic.equal(symbolic.prod(shape), ts[0].size):
+        raise ModelError(f"cannot reshape {symbolic.shape_str(ts[0].shape)} to {symbolic.shape_str(shape)}")
     return [TensorType(ts[0].dtype, shape)]
 
 
 def _concat(ts: list[TensorType], a: dict) -> list[TensorType]:
     ax, base = a["axis"], ts[0].shape
     for t in ts[1:]:
-        if len(t.shape) != len(base) or any(d != e for i, (d, e) in enumerate(zip(t.shape, base)) if i != ax):
+        if len(t.shape) != len(base) or any(not symbolic.equal(d, e)
+                                            for i, (d, e) in enumerate(zip(t.shape, base)) if i != ax):
             raise ModelError(f"Concat on axis {ax}: shapes {[t.shape for t in ts]} disagree off that axis")
     return [TensorType(ts[0].dtype, base[:ax] + (sum(t.shape[ax] for t in ts),) + base[ax + 1:])]
 
 
-def slice_len(start: int, end: int, step: int) -> int:
-    return max(0, (end - start + (step - (1 if step > 0 else -1))) // step)
+def slice_len(start: Dim, end: Dim, step: int) -> Dim:
+    if not symbolic.is_static(step):
+        raise ModelError(f"a symbolic slice step ({symbolic.dim_str(step)}) is not supported")
+    n = (end - start + (step - (1 if step > 0 else -1))) // step
+    if symbolic.is_static(n):
+        return max(0, int(n))
+    # symbolic: the importer clamps starts/ends into the axis, so the length is ≥ 0 at every size within the
+    # bounds; where it is not provably so, max(0, ·) stays in the dim
+    return symbolic.normalize(n) if symbolic.lower(n) >= 0 else symbolic.normalize(sympy.Max(0, n))
 
 
 def _slice(ts: list[TensorType], a: dict) -> list[TensorType]:
@@ -318,6 +353,26 @@ OPS["Tile"] = OpDef(lambda ts, a: [TensorType(ts[0].dtype,
 OPS["Resize"] = OpDef(lambda ts, a: [TensorType(ts[0].dtype, tuple(a["sizes"]))], None, "data")
 
 
+def range_count(start: Dim | float, limit: Dim | float, delta: Dim | float) -> Dim:
+    """max(ceil((limit - start) / delta), 0): the length of Range's output."""
+    if not symbolic.is_static(delta):
+        raise ModelError(f"Range with a symbolic delta ({symbolic.dim_str(delta)}) is not supported")
+    if all(isinstance(v, (int, np.integer)) for v in (start, limit, delta)) or not (
+            symbolic.is_static(start) and symbolic.is_static(limit)):
+        n = symbolic.normalize(-((start - limit) // delta))  # ceiling division, exact on integers and dims
+        if symbolic.is_static(n):
+            return max(n, 0)
+        return n if symbolic.lower(n) >= 0 else symbolic.normalize(sympy.Max(0, n))
+    import math
+    return max(math.ceil((float(limit) - float(start)) / float(delta)), 0)
+
+
+# Range(start, limit, delta): the one data op whose output length may be symbolic at run time (position ids:
+# Range(0, seq, 1)); its three operands are attributes (dims or numbers), its element type `dtype`.
+OPS["Range"] = OpDef(lambda ts, a: [TensorType(a["dtype"], (range_count(a["start"], a["limit"], a["delta"]),))],
+                     lambda xs, a: [np.arange(a["start"], a["limit"], a["delta"], dtype=a["dtype"])], "data")
+
+
 MAX_TENSOR_BYTES = 8 << 30  # a bigger tensor is a malformed model here (the machine has 24 GiB), not a job
 
 
@@ -336,7 +391,15 @@ _SAME_TYPE: dict[str, slice] = {**{op: slice(0, None) for op in (
     "BatchNormalization": slice(0, None)}
 
 
-def infer(op: str, types: list[TensorType], attrs: dict[str, Any], node_name: str = "") -> list[TensorType]:
+def infer(op: str, types: list[TensorType], attrs: dict[str, Any], node_name: str = "",
+          bounds: dict[str, tuple[int, int]] | None = None) -> list[TensorType]:
+    """The output types of a node. `bounds`: the graph's symbol bounds, which decide comparisons of symbolic dims
+    (a symbol missing there ranges over (1, symbolic.DEFAULT_BOUND))."""
+    with symbolic.using_bounds(bounds):
+        return _infer(op, types, attrs, node_name)
+
+
+def _infer(op: str, types: list[TensorType], attrs: dict[str, Any], node_name: str) -> list[TensorType]:
     if op not in OPS:
         raise ModelError(f"node '{node_name}': '{op}' is not a Kiln core op")
     same = {t.dtype for t in types[_SAME_TYPE[op]]} if op in _SAME_TYPE else set()
@@ -349,15 +412,27 @@ def infer(op: str, types: list[TensorType], attrs: dict[str, Any], node_name: st
         raise ModelError(f"node '{node_name}' (Where): the condition is {types[0].dtype}, not bool")
     try:
         out = OPS[op].infer(types, attrs)
-    except (IndexError, KeyError, TypeError, ValueError, ZeroDivisionError) as e:
-        if isinstance(e, ModelError):
+    except ModelError as e:
+        if str(e).startswith("node '"):
             raise
+        raise ModelError(f"node '{node_name}' ({op}): {e}") from None
+    except (IndexError, KeyError, TypeError, ValueError, ZeroDivisionError) as e:
+        symbols = sorted(set().union(*(symbolic.free_symbols(t.shape) for t in types)) if types else set())
+        if symbols and isinstance(e, TypeError):  # sympy's "cannot determine truth value" / "cannot convert"
+            raise ModelError(f"node '{node_name}' ({op}) cannot take symbolic dimensions {symbols} of inputs "
+                             f"{[str(t) for t in types]}: {e}") from None
         raise ModelError(f"node '{node_name}' ({op}): cannot infer output type from inputs "
                          f"{[str(t) for t in types]} and attributes {attrs}: {e}") from None
     for t in out:
-        if any(d < 0 for d in t.shape):
-            raise ModelError(f"node '{node_name}' ({op}): negative dimension in {t}")
-        check_size(float(np.prod(t.shape, dtype=np.float64)) * np.dtype(t.dtype).itemsize, node_name)
+        if t.is_static:
+            if any(d < 0 for d in t.shape):
+                raise ModelError(f"node '{node_name}' ({op}): negative dimension in {t}")
+            check_size(float(np.prod(t.shape, dtype=np.float64)) * np.dtype(t.dtype).itemsize, node_name)
+            continue
+        if any(symbolic.lower(d) < 0 for d in t.shape):
+            raise ModelError(f"node '{node_name}' ({op}): dimension negative within bounds "
+                             f"{symbolic.current_bounds()} in {t}")
+        check_size(float(symbolic.upper(t.nbytes)), node_name)  # planned at the upper bounds
     return out
 
 

@@ -16,16 +16,17 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from . import bert, kernels, vision
+from . import bert, gpt, kernels, vision
 from .flops import count_flops
 
-__all__ = ["names", "build", "inputs", "flops", "input_shapes", "count_flops"]
+__all__ = ["names", "dynamic_names", "build", "inputs", "flops", "input_shapes", "count_flops"]
 
 
 @dataclass(frozen=True)
 class _Entry:
     build: Callable[[int], onnx.ModelProto]
-    inputs: dict[str, tuple[int, ...]]
+    inputs: dict[str, tuple[int, ...]]  # the feeds' shapes (for a dynamic model: one size within its bounds)
+    feeds: Callable[[tuple[int, ...], int], np.ndarray] | None = None  # non-float inputs (token ids)
 
 
 _IMAGE = {"input": vision.IMAGE_SHAPE}
@@ -43,15 +44,31 @@ _REGISTRY: dict[str, _Entry] = {
 }
 
 
+# models with symbolic input dims (dim_param): same builders as their static twins, `batch` / `seq` symbolic.
+# Kept out of names() (which the static tests and benchmarks iterate: each compiles for its one shape).
+_DYNAMIC: dict[str, _Entry] = {
+    "gpt_decoder": _Entry(gpt.gpt_decoder, {"input_ids": (1, gpt.SEQ)}, gpt.token_ids),
+    "bert_base_dynamic": _Entry(bert.bert_base_dynamic, {"embeddings": (1, bert.SEQ, bert.HIDDEN)}),
+    "resnet18_dynamic": _Entry(vision.resnet18_dynamic, _IMAGE),
+    "resnet50_dynamic": _Entry(vision.resnet50_dynamic, _IMAGE),
+}
+
+
 def names() -> list[str]:
+    """The static models."""
     return list(_REGISTRY)
+
+
+def dynamic_names() -> list[str]:
+    """The models with symbolic dims (symbolic batch and/or sequence)."""
+    return list(_DYNAMIC)
 
 
 def _entry(name: str) -> _Entry:
     try:
-        return _REGISTRY[name]
+        return _REGISTRY[name] if name in _REGISTRY else _DYNAMIC[name]
     except KeyError:
-        raise KeyError(f"unknown zoo model {name!r}; valid names: {', '.join(_REGISTRY)}") from None
+        raise KeyError(f"unknown zoo model {name!r}; valid names: {', '.join([*_REGISTRY, *_DYNAMIC])}") from None
 
 
 def build(name: str, seed: int = 0) -> onnx.ModelProto:
@@ -63,10 +80,15 @@ def input_shapes(name: str) -> dict[str, tuple[int, ...]]:
     return dict(_entry(name).inputs)
 
 
-def inputs(name: str, seed: int = 1) -> dict[str, np.ndarray]:
-    """Standard-normal float32 feeds for every graph input, in graph-input order."""
+def inputs(name: str, seed: int = 1, shapes: dict[str, tuple[int, ...]] | None = None) -> dict[str, np.ndarray]:
+    """Standard-normal float32 feeds for every graph input, in graph-input order (token ids for a decoder).
+    `shapes`: other sizes for a dynamic model's inputs."""
+    entry = _entry(name)
     rng = np.random.default_rng(seed)
-    return {k: rng.standard_normal(shape, dtype=np.float32) for k, shape in _entry(name).inputs.items()}
+    sizes = {**entry.inputs, **(shapes or {})}
+    if entry.feeds is not None:
+        return {k: entry.feeds(shape, seed) for k, shape in sizes.items()}
+    return {k: rng.standard_normal(shape, dtype=np.float32) for k, shape in sizes.items()}
 
 
 @functools.cache

@@ -96,10 +96,17 @@ def encoder_layer(b: GraphBuilder, x: str, p: str, out: str | None = None) -> st
     return layer_norm(b, y, f"{p}.ffn.ln", out=out)
 
 
-def bert_base(seed: int = 0) -> onnx.ModelProto:
+def bert_base(seed: int = 0, dims: tuple[int | str, int | str] = (1, SEQ), name: str = "bert_base"
+              ) -> onnx.ModelProto:
+    """`dims`: (batch, seq) of the embeddings input, ints or dim_param names (bert_base_dynamic)."""
     b = GraphBuilder(seed)
-    x = b.input("embeddings", (1, SEQ, HIDDEN))
+    x = b.input("embeddings", (*dims, HIDDEN))
     for i in range(LAYERS):
         x = encoder_layer(b, x, f"encoder.{i}", out="hidden_states" if i == LAYERS - 1 else None)
-    b.output("hidden_states", (1, SEQ, HIDDEN))
-    return b.model("bert_base")
+    b.output("hidden_states", (*dims, HIDDEN))
+    return b.model(name)
+
+
+def bert_base_dynamic(seed: int = 0) -> onnx.ModelProto:
+    """bert_base with symbolic `batch` and `seq`: embeddings [batch, seq, 768] (same weights, same graph)."""
+    return bert_base(seed, dims=("batch", "seq"), name="bert_base_dynamic")

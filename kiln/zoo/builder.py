@@ -30,11 +30,12 @@ class GraphBuilder:
 
     # ---- graph boundary -------------------------------------------------------------------------
 
-    def input(self, name: str, shape: Sequence[int]) -> str:
-        self.inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape)))
+    def input(self, name: str, shape: Sequence[int | str], elem_type: int = TensorProto.FLOAT) -> str:
+        """A graph input; a str dim is a dim_param (a symbolic dimension)."""
+        self.inputs.append(helper.make_tensor_value_info(name, elem_type, list(shape)))
         return name
 
-    def output(self, name: str, shape: Sequence[int]) -> None:
+    def output(self, name: str, shape: Sequence[int | str]) -> None:
         self.outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape)))
 
     # ---- initializers ---------------------------------------------------------------------------
@@ -81,6 +82,15 @@ class GraphBuilder:
         out = out or f"{name}.out"
         self.nodes.append(helper.make_node(op_type, list(inputs), [out], name=name, **attrs))
         return out
+
+    def op_outputs(self, op_type: str, name: str, inputs: Sequence[str], outs: Sequence[str],
+                   **attrs: object) -> list[str]:
+        """Append one node with several outputs (Split)."""
+        if name in self._node_names:
+            raise ValueError(f"duplicate node name {name!r}")
+        self._node_names.add(name)
+        self.nodes.append(helper.make_node(op_type, list(inputs), list(outs), name=name, **attrs))
+        return list(outs)
 
     def constant_i64(self, name: str, values: Sequence[int] | int) -> str:
         """An int64 Constant node, the way the PyTorch exporter writes shape-arithmetic operands."""

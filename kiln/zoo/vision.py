@@ -92,12 +92,12 @@ def add(b: VisionBuilder, x: str, y: str, name: str) -> str:
     return z
 
 
-def classifier(b: GraphBuilder, x: str, cin: int, fc_name: str = "fc") -> None:
+def classifier(b: GraphBuilder, x: str, cin: int, fc_name: str = "fc", batch: int | str = 1) -> None:
     """GlobalAveragePool -> Flatten -> Linear, the exporter's rendering of avgpool + flatten + fc."""
     x = b.op("GlobalAveragePool", "avgpool", [x])
     x = b.op("Flatten", "flatten", [x], axis=1)
     b.linear_gemm(x, fc_name, cin, NUM_CLASSES, out="logits")
-    b.output("logits", (1, NUM_CLASSES))
+    b.output("logits", (batch, NUM_CLASSES))
 
 
 # ---- ResNet -------------------------------------------------------------------------------------
@@ -131,9 +131,11 @@ def stem(b: VisionBuilder, x: str) -> str:
     return y
 
 
-def resnet(seed: int, name: str, bottlenecked: bool, depths: tuple[int, int, int, int]) -> onnx.ModelProto:
+def resnet(seed: int, name: str, bottlenecked: bool, depths: tuple[int, int, int, int],
+           batch: int | str = 1) -> onnx.ModelProto:
+    """`batch`: 1, or a dim_param name ("batch") for the symbolic-batch models (same weights, same graph)."""
     b = VisionBuilder(seed)
-    x = stem(b, b.input("input", IMAGE_SHAPE))
+    x = stem(b, b.input("input", (batch,) + IMAGE_SHAPE[1:]))
     block, expansion = (bottleneck, 4) if bottlenecked else (basic_block, 1)
     cin = 64
     for stage, (planes, depth) in enumerate(zip((64, 128, 256, 512), depths), start=1):
@@ -141,7 +143,7 @@ def resnet(seed: int, name: str, bottlenecked: bool, depths: tuple[int, int, int
             stride = 2 if stage > 1 and i == 0 else 1
             x = block(b, x, f"layer{stage}.{i}", cin, planes, stride)
             cin = planes * expansion
-    classifier(b, x, cin)
+    classifier(b, x, cin, batch=batch)
     return b.model(name)
 
 
@@ -151,6 +153,16 @@ def resnet18(seed: int = 0) -> onnx.ModelProto:
 
 def resnet50(seed: int = 0) -> onnx.ModelProto:
     return resnet(seed, "resnet50", bottlenecked=True, depths=(3, 4, 6, 3))
+
+
+def resnet18_dynamic(seed: int = 0) -> onnx.ModelProto:
+    """resnet18 with a symbolic batch: input [batch, 3, 224, 224]."""
+    return resnet(seed, "resnet18_dynamic", bottlenecked=False, depths=(2, 2, 2, 2), batch="batch")
+
+
+def resnet50_dynamic(seed: int = 0) -> onnx.ModelProto:
+    """resnet50 with a symbolic batch: input [batch, 3, 224, 224]."""
+    return resnet(seed, "resnet50_dynamic", bottlenecked=True, depths=(3, 4, 6, 3), batch="batch")
 
 
 # ---- MobileNetV2 --------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import numpy as np
 
 from kiln.errors import KilnError, ModelError
 from kiln.frontend.onnx import Ctx
+from kiln.graph import symbolic
 from kiln.graph.ir import Value
 
 Importer = Callable[[Ctx, list[Value | None]], list[Value]]
@@ -31,12 +32,27 @@ def importer(*names: str) -> Callable[[Importer], Importer]:
                 raise
             except (IndexError, KeyError, TypeError, ValueError, ZeroDivisionError, AttributeError,
                     OverflowError) as e:
+                dims = _symbolic_dims(ins)
+                if dims and isinstance(e, TypeError):  # sympy: "cannot determine truth value", "cannot convert"
+                    raise ModelError(f"node '{cx.name}' ({cx.node.op_type}, opset {cx.opset}) cannot take the "
+                                     f"symbolic dimension(s) {dims} of its inputs: {e}") from None
                 raise ModelError(f"node '{cx.name}' ({cx.node.op_type}, opset {cx.opset}): invalid inputs or "
                                  f"attributes: {type(e).__name__}: {e}") from None
         for n in names:
             IMPORTERS[n] = guarded
         return guarded
     return reg
+
+
+def _symbolic_dims(ins: list[Value | None]) -> list[str]:
+    """The symbolic dims an op's inputs carry, in their shapes or as shape values, for error messages."""
+    out: set[str] = set()
+    for v in ins:
+        if v is not None:
+            out |= symbolic.free_symbols(v.shape)
+            if v.const is not None and symbolic.is_symbolic_array(v.const):
+                out |= symbolic.free_symbols(list(v.const.reshape(-1)))
+    return sorted(out)
 
 
 def fold_with_reference(cx: Ctx, ins: list[Value | None]) -> list[Value]:

@@ -5,6 +5,7 @@ import numpy as np
 
 from kiln.frontend.importers import _axis, _opt, _scalar, fold_with_reference, importer
 from kiln.frontend.onnx import Ctx, dtype_of
+from kiln.graph import symbolic
 from kiln.graph.ir import Value
 
 # -- ops built from the core set at import ------------------------------------------------------------------
@@ -19,9 +20,13 @@ def imp_trilu(cx: Ctx, ins: list[Value | None]) -> list[Value]:
         raise cx.unsupported(f"Trilu on rank-{len(x.shape)} input")
     k = int(cx.const(ins[1], "k").reshape(-1)[0]) if _opt(ins, 1) is not None else 0
     n, m = x.shape[-2:]
-    diff = np.arange(m)[None, :] - np.arange(n)[:, None]
-    keep = diff >= k if cx.attr("upper", 1) else diff <= k
-    return [cx.add("Where", [cx.constant(keep), x, _scalar(cx, 0, x)])]
+    # symbolic rows/columns (a causal mask over seq): the mask at the upper bounds, sliced to [n, m] at run time
+    hi_n, hi_m = symbolic.upper(n, cx.graph.bounds), symbolic.upper(m, cx.graph.bounds)
+    diff = np.arange(hi_m)[None, :] - np.arange(hi_n)[:, None]
+    keep = cx.constant(diff >= k if cx.attr("upper", 1) else diff <= k)
+    if not (symbolic.is_static(n) and symbolic.is_static(m)):
+        keep = cx.add("Slice", [keep], starts=(0, 0), ends=(n, m), steps=(1, 1))
+    return [cx.add("Where", [keep, x, _scalar(cx, 0, x)])]
 
 
 @importer("Hardmax")
@@ -31,8 +36,7 @@ def imp_hardmax(cx: Ctx, ins: list[Value | None]) -> list[Value]:
     axis = _axis(cx.attr("axis", -1 if cx.opset >= 13 else 1), rank, cx)
     src = x
     if cx.opset < 13:  # over the flattened [axis:] dims
-        src = cx.add("Reshape", [x], shape=(int(np.prod(x.shape[:axis], dtype=np.int64)),
-                                            int(np.prod(x.shape[axis:], dtype=np.int64))))
+        src = cx.add("Reshape", [x], shape=(symbolic.prod(x.shape[:axis]), symbolic.prod(x.shape[axis:])))
         axis = 1
     idx = cx.add("ArgReduce", [src], kind="max", axis=axis, keepdims=True, last=False)
     iota = np.arange(src.shape[axis], dtype=np.int64).reshape((-1,) + (1,) * (len(src.shape) - axis - 1))

@@ -6,8 +6,9 @@ import numpy as np
 from kiln.errors import ModelError
 from kiln.frontend.importers import _axis, importer
 from kiln.frontend.onnx import Ctx
+from kiln.graph import symbolic
 from kiln.graph.ir import Value
-from kiln.graph.ops import conv_out
+from kiln.graph.ops import broadcast, conv_out
 
 
 # -- matrix products ----------------------------------------------------------------------------------------
@@ -15,7 +16,7 @@ from kiln.graph.ops import conv_out
 def imp_matmul(cx: Ctx, ins: list[Value | None]) -> list[Value]:
     a, b = ins[0], ins[1]
     batch_a, batch_b = a.shape[:-2] if len(a.shape) > 1 else (), b.shape[:-2] if len(b.shape) > 1 else ()
-    out_shape = np.broadcast_shapes(batch_a, batch_b)
+    out_shape = broadcast(batch_a, batch_b)
     a2 = cx.add("Reshape", [a], shape=(1, a.shape[0])) if len(a.shape) == 1 else a
     b2 = cx.add("Reshape", [b], shape=(b.shape[0], 1)) if len(b.shape) == 1 else b
     y = cx.add("MatMul", [a2, b2])
@@ -199,6 +200,6 @@ def imp_softmax(cx: Ctx, ins: list[Value | None]) -> list[Value]:
     if cx.opset >= 13 or axis == rank - 1:
         return [cx.add(op, [x], axis=axis)]
     # opset < 13: softmax over all dims from `axis` on, as one flattened row
-    rows = int(np.prod(x.shape[:axis], dtype=np.int64))
-    flat = cx.add("Reshape", [x], shape=(rows, int(np.prod(x.shape[axis:], dtype=np.int64))))
+    rows = symbolic.prod(x.shape[:axis])
+    flat = cx.add("Reshape", [x], shape=(rows, symbolic.prod(x.shape[axis:])))
     return [cx.add("Reshape", [cx.add(op, [flat], axis=1)], shape=x.shape)]
