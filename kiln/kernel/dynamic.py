@@ -215,7 +215,9 @@ def _splits(graph: Graph, name: str) -> bool:
             return False
         if any(ins) and not all(outs):
             return False  # a batched value reduced to an unbatched one: mixes samples
-        if any(ins):
+        # an axis attribute names an axis of the first input (of every input for Concat): Gather(table, batched ids,
+        # axis=0) looks rows up per sample, Gather(batched, ids, axis=0) would pick samples
+        if (n.inputs and batched(n.inputs[0])) or (n.op == "Concat" and any(ins)):
             for attr in _AXIS_ATTRS:
                 a = n.attrs.get(attr)
                 if a == 0 or (isinstance(a, (list, tuple)) and 0 in a):
@@ -234,8 +236,26 @@ def _concrete(a: Any, dims: DynamicDims) -> Any:
     return dims.upper(a) if hasattr(a, "free_symbols") else a
 
 
+# attributes that may hold a symbolic dim: they only size the output (whose extents become run-time ones); any other
+# attribute (a Slice's start, a Pad amount, a Range's start) is a position, which the max layout would get wrong
+SIZE_ATTRS = {"Reshape": {"shape"}, "Expand": {"shape"}, "Slice": {"ends"}, "Range": {"limit"},
+              "ConstantOfShape": {"shape"}, "Tile": {"repeats"}}
+
+
+def _symbolic_attr(a: Any) -> bool:
+    if isinstance(a, (list, tuple)):
+        return any(_symbolic_attr(x) for x in a)
+    return hasattr(a, "free_symbols") and not is_static(a)
+
+
 def max_graph(graph: Graph, dims: DynamicDims) -> Graph:
     """A copy of `graph` with every symbolic dim (shapes and attributes) at its upper bound: what lowering sees."""
+    for n in graph.nodes:
+        for k, a in n.attrs.items():
+            if _symbolic_attr(a) and k not in SIZE_ATTRS.get(n.op, ()):
+                raise ModelError(f"{n.op} node '{n.name}': attribute {k}={a} holds a symbolic dim; Kiln compiles "
+                                 f"symbolic dims in attributes that size an output ({', '.join(sorted(SIZE_ATTRS))}), "
+                                 f"not in positions: pin the dim with input_shapes=")
     new_of: dict[int, Value] = {}
 
     def val(v: Value) -> Value:

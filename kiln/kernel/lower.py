@@ -681,6 +681,16 @@ def lower_gather(n: Node) -> Lowered:
     return Lowered([Compute(y.name, ax, y.shape, ld(x, idx))])
 
 
+@lowering("Range")
+def lower_range(n: Node) -> Lowered:
+    """out[i] = start + i·delta; the count (a symbolic limit: position ids) is the output's extent."""
+    y, ax = _out(n)
+    i = ax[0] if y.dtype == "int64" else Cast(y.dtype, ax[0])
+    start, delta = (Const(int(v) if y.dtype.startswith("int") else float(v), y.dtype)
+                    for v in (n.attrs["start"], n.attrs["delta"]))
+    return Lowered([Compute(y.name, ax, y.shape, start + i * delta)])
+
+
 @lowering("Pad")
 def lower_pad(n: Node) -> Lowered:
     (x,), (y, ax), a = n.inputs, _out(n), n.attrs
