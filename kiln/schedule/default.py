@@ -10,13 +10,29 @@ from dataclasses import replace
 import numpy as np
 
 from kiln.kernel.analysis import coef, flat_index, fuse_contiguous_axes
-from kiln.kernel.ir import Assign, Compute, Expr, If, Kernel, Load, Loop, Reduce, Stmt, Var, hint, is_symbolic, walk
+from kiln.kernel.ir import (
+    Assign,
+    Compute,
+    Const,
+    Expr,
+    If,
+    Kernel,
+    Load,
+    Loop,
+    Reduce,
+    Stmt,
+    Var,
+    cmp,
+    hint,
+    is_symbolic,
+    walk,
+)
 from kiln.schedule.amx import schedule_amx
 from kiln.schedule.config import Config, Decisions, powers_of_two
 from kiln.schedule.guards import interior_swap
 from kiln.schedule.primitives import compute_to_loops, fuse, parallel, rename, split, vectorize
 from kiln.schedule.reorder import schedule_reorder
-from kiln.schedule.tile import choose_tile, tile_compute
+from kiln.schedule.tile import TileShape, choose_tile, tile_compute
 from kiln.schedule.winograd import schedule_winograd
 from kiln.target import Target
 
@@ -167,10 +183,33 @@ def schedule_symbolic(k: Kernel, c: Compute, tag: str, target: Target, threads: 
         if shape is not None:
             if node is not None:
                 k.strategies.setdefault(node, "direct")
-            return tile_compute(k, c, shape, tag, threads if options.get("parallel", True) else 1, None, dec)
+            return regime_tiles(k, c, shape, tag, threads if options.get("parallel", True) else 1, dec)
     plain = {h: v for h, v in c.hints.items() if h not in ("reorder", "winograd", "int8", "strategy")}
     return schedule_compute(k, Compute(c.out, c.axes, c.extents, c.body, c.store, plain), tag, target, threads,
                             {**options, "register_tile": False}, dec, symbolic_ok=True)
+
+
+# rows of the register tiles a symbolic M dispatches between at run time, beside the full tile: one row (a decode
+# step: a matrix-vector product, one output row per weight panel pass) and a short tile for a few rows
+REGIME_ROWS = (1, 4)
+
+
+def regime_tiles(k: Kernel, c: Compute, shape: TileShape, tag: str, threads: int, dec: Decisions) -> list[Stmt]:
+    """The register tile of a compute with run-time extents — and, when its rows M are a symbolic dim, one variant
+    per regime, picked at run time by M (DietCode's shape-generic micro-kernels, here by hand from the registers):
+
+        if M ≤ 1:        the 1-row tile   (GEMV-like: a 1-token decode step)
+        elif M < MR:     the 4-row tile   (a few tokens: the full tile would compute MR rows for M)
+        else:            the MR-row tile  (GEMM-like: prompts, batches)"""
+    M = c.extents[shape.m_axis]
+    nest = tile_compute(k, c, shape, tag, threads, None, dec)
+    if not is_symbolic(M) or shape.flatten_rows:
+        return nest
+    for rows in sorted((r for r in REGIME_ROWS if r < shape.mr), reverse=True):
+        small = tile_compute(k, c, replace(shape, mr=rows), f"{tag}r{rows}", threads, None, dec)
+        limit = rows if rows == 1 else shape.mr - 1
+        nest = [If(cmp("<=", M, Const(limit, "int64")), small, nest)]
+    return nest
 
 
 def schedule_by_strategy(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
