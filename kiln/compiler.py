@@ -280,7 +280,9 @@ def executable_of(c: Compiled, tgt: Target, threads: int, bounds_check: bool = F
         # symbolic dims (kernel/dynamic.py): their names, bounds, and each input's/output's max layout
         "dynamic": None if dims is None else {
             **dims.meta(g), "max_inputs": [dims.max_layout(v) for v in c.program.graph.inputs],
-            "max_outputs": [dims.max_layout(v) for v in c.program.graph.outputs]},
+            "max_outputs": [dims.max_layout(v) for v in c.program.graph.outputs],
+            "packed_inputs": [dims.packed(v) for v in c.program.graph.inputs],
+            "packed_outputs": [dims.packed(v) for v in c.program.graph.outputs]},
         "compilations": 1,  # a dynamic executable serves every size in its bounds from this one compilation
         "arena_bytes": c.plan.arena_bytes, "num_threads": threads, "kernels": [k.name for k in c.program.kernels],
         "flops": [k.flops for k in c.program.kernels], "compile_s": c.timings,

@@ -109,9 +109,13 @@ def build_module(prog: Program, plan: MemoryPlan, target: Target,
                 if p.kind in ("input", "output"):
                     arr = ins if p.kind == "input" else outs
                     ptr = b.load(b.gep(arr, [ir.Constant(I64, p.index)], source_etype=PTR), typ=PTR)
-                    if sample is not None and _io_value(prog, p).name in prog.dims.sampled:
-                        step = _io_value(prog, p).type.nbytes  # one sample of it (the model is lowered for one)
-                        ptr = b.gep(ptr, [b.mul(sample, ir.Constant(I64, step))], source_etype=ir.IntType(8))
+                    v = _io_value(prog, p)
+                    if sample is not None and v.name in prog.dims.sampled:  # the model is lowered for one sample
+                        sym, step = prog.dims.sample_step(v)
+                        off = b.mul(sample, ir.Constant(I64, step))
+                        if sym is not None:  # samples packed back to back: [seq, ...] each
+                            off = b.mul(off, dims_value(b, m, prog.dims.slots[sym]))
+                        ptr = b.gep(ptr, [off], source_etype=ir.IntType(8))
                     ptrs.append(ptr)
                 else:
                     base = arena if p.kind == "arena" else weights

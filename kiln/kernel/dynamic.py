@@ -116,6 +116,25 @@ class DynamicDims:
             shape[0] = self.bounds[self.split][1]
         return shape
 
+    def packed(self, v: Value) -> bool:
+        """Can graph input/output `v` (of the lowered graph) be used where it lies, tightly packed, with no staging
+        copy into its max layout? Yes when its live elements are a prefix of the max layout: only its first dim is
+        symbolic — counting from dim 1 when it is split per sample (each sample is then a prefix of its own max
+        layout, at a run-time offset: codegen/module.py)."""
+        shape = self.shapes.get(v.name, v.shape)
+        rest = shape[1:] if v.name in self.sampled else shape
+        return all(is_static(d) for d in rest[1:]) and (not rest or is_static(rest[0])
+                                                         or getattr(rest[0], "is_Symbol", False))
+
+    def sample_step(self, v: Value) -> tuple[str | None, int]:
+        """A sampled input/output's distance between samples: (symbol, bytes) = symbol's value × bytes when it is
+        packed with a symbolic leading dim, else (None, bytes) — one sample of its max layout."""
+        shape = self.shapes.get(v.name, v.shape)
+        row = int(np.prod(v.shape[2:], dtype=np.int64)) * np.dtype(v.dtype).itemsize
+        if self.packed(v) and len(shape) > 1 and not is_static(shape[1]):
+            return str(shape[1]), row
+        return None, v.type.nbytes
+
     def shape_of(self, v: Value) -> tuple[Any, ...]:
         return self.shapes.get(v.name, v.shape)
 

@@ -107,21 +107,21 @@ class Executable:
     def _run_dynamic(self, ins: list[np.ndarray], profile: dict[str, float] | None) -> list[np.ndarray]:
         """Bind the symbols from the inputs (checked before anything runs), place the inputs in their max layouts,
         run, and cut the outputs to their actual shapes (kernel/dynamic.py, runtime/shapes.py)."""
-        from kiln.runtime.shapes import bind, evaluate, prefix_layout
+        from kiln.runtime.shapes import bind, evaluate
         dyn = self.dynamic
         values = bind(self.inputs, ins, dyn["bounds"])
         outs = [np.empty(tuple(evaluate(d, values) for d in s.shape), dtype=s.dtype) for s in self.outputs]
         with self._lock:  # the dims array and the staging copies are the executable's, like its arena
             placed = []
-            for i, (s, a, full) in enumerate(zip(self.inputs, ins, dyn["max_inputs"])):
-                if prefix_layout(s.shape):
+            for i, (s, a, full, packed) in enumerate(zip(self.inputs, ins, dyn["max_inputs"], dyn["packed_inputs"])):
+                if packed:
                     placed.append(a)
                     continue
                 stage = self._stage("in", i, full, s.dtype)
                 stage[tuple(slice(0, n) for n in a.shape)] = a
                 placed.append(stage)
-            direct = [o if prefix_layout(s.shape) else self._stage("out", i, full, s.dtype)
-                      for i, (s, o, full) in enumerate(zip(self.outputs, outs, dyn["max_outputs"]))]
+            direct = [o if packed else self._stage("out", i, full, s.dtype) for i, (s, o, full, packed)
+                      in enumerate(zip(self.outputs, outs, dyn["max_outputs"], dyn["packed_outputs"]))]
             for name, v in values.items():
                 self._dims[dyn["symbols"].index(name)] = v
             self._run_arrays(placed, direct, profile, locked=True)

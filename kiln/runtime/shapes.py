@@ -78,9 +78,3 @@ def bind(specs: Sequence[Any], arrays: Sequence[np.ndarray], bounds: dict[str, S
                 if want != n:
                     raise ValueError(f"input '{s.name}' has shape {list(a.shape)}: dim {axis} must be {d} = {want}")
     return values
-
-
-def prefix_layout(dims: Sequence[int | str]) -> bool:
-    """Is every element's max-layout position its position in a tightly packed array? True when only the first dim
-    is symbolic (a batch): the live elements are a prefix of the max layout, so no staging copy is needed."""
-    return all(isinstance(d, int) for d in dims[1:])
