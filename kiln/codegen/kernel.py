@@ -27,6 +27,7 @@ from kiln.codegen.scalable import emit_vector_reduce as emit_scalable_reduce
 from kiln.codegen.transpose import transposed_load_group, transposed_store_group
 from kiln.kernel.analysis import coef, flat_index
 from kiln.kernel.ir import (
+    PARALLEL_MIN_WORK,
     Alloc,
     Assign,
     Bin,
@@ -338,11 +339,22 @@ class KernelEmitter:
         per = b.mul(b.sdiv(b.add(per, b.sub(nt, ir.Constant(I64, 1))), nt), nt)
         size = b.sdiv(b.add(total, b.sub(per, ir.Constant(I64, 1))), per)
         size = b.select(b.icmp_signed(">", size, ir.Constant(I64, 0)), size, ir.Constant(I64, 1))
+        if s.work is not None:  # little work this call (run-time extents): one chunk, on this thread
+            serial = b.icmp_signed("<", em0.ev(s.work)[0], ir.Constant(I64, PARALLEL_MIN_WORK))
+            size = b.select(serial, b.select(b.icmp_signed(">", total, ir.Constant(I64, 0)), total,
+                                             ir.Constant(I64, 1)), size)
         chunks = b.sdiv(b.add(total, b.sub(size, ir.Constant(I64, 1))), size)
         arr = self.entry_alloca(b, ir.ArrayType(PTR, len(args) + 1))
         for i, a in enumerate(args):
             b.store(a, b.gep(arr, [ir.Constant(I32, 0), ir.Constant(I32, i)]))
         b.store(size, b.gep(arr, [ir.Constant(I32, 0), ir.Constant(I32, len(args))]))
         pool = b.inttoptr(b.load(self.m.globals[PARALLEL_GLOBAL], typ=I64), ir.PointerType(PARALLEL_FN))
-        b.call(pool, [worker, arr, chunks, nthreads])
+        if s.work is not None:
+            with b.if_else(serial) as (then, otherwise):
+                with then:
+                    b.call(worker, [arr, ir.Constant(I64, 0)])
+                with otherwise:
+                    b.call(pool, [worker, arr, chunks, nthreads])
+        else:
+            b.call(pool, [worker, arr, chunks, nthreads])
 

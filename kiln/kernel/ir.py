@@ -415,6 +415,9 @@ class Compute:
         return f"{self.out}[{', '.join(map(repr, self.store_index))}] = {self.body!r}   for {dom}"
 
 
+PARALLEL_MIN_WORK = 1 << 15  # below this many inner iterations a fork/join costs more than it saves
+
+
 @dataclass
 class Loop:
     """for var in [0, extent): body. kind: serial | parallel | vector | unroll.
@@ -429,6 +432,9 @@ class Loop:
     lanes: int = 1
     masked: bool = False
     chunks: int = 0
+    # a parallel loop over run-time extents (symbolic dims): its work (iterations of the whole nest) as a run-time
+    # expression; below PARALLEL_MIN_WORK it runs on the calling thread (the fork/join costs more than the work)
+    work: Expr | None = None
 
 
 @dataclass
@@ -520,7 +526,8 @@ def format_stmts(stmts: list[Stmt], depth: int) -> list[str]:
     for s in stmts:
         if isinstance(s, Loop):
             tag = "" if s.kind == "serial" else f" {s.kind}" + (f"<{s.lanes}>" if s.kind == "vector" else "") + \
-                (" masked" if s.masked else "") + (f" chunks={s.chunks}" if s.chunks else "")
+                (" masked" if s.masked else "") + (f" chunks={s.chunks}" if s.chunks else "") + \
+                (f" work={s.work!r}" if s.work is not None else "")
             out.append(f"{pad}for {s.var.name} in 0..{s.extent!r}{tag}:")
             out += format_stmts(s.body, depth + 1)
         elif isinstance(s, Store):

@@ -11,6 +11,7 @@ import numpy as np
 
 from kiln.kernel.analysis import coef, flat_index, fuse_contiguous_axes
 from kiln.kernel.ir import (
+    PARALLEL_MIN_WORK,
     Assign,
     Compute,
     Const,
@@ -22,6 +23,7 @@ from kiln.kernel.ir import (
     Reduce,
     Stmt,
     Var,
+    as_extent,
     cmp,
     hint,
     is_symbolic,
@@ -35,8 +37,6 @@ from kiln.schedule.reorder import schedule_reorder
 from kiln.schedule.tile import TileShape, choose_tile, tile_compute
 from kiln.schedule.winograd import schedule_winograd
 from kiln.target import Target
-
-PARALLEL_MIN_WORK = 1 << 15  # below this many inner iterations a fork/join costs more than it saves
 
 
 def _elem_bits(k: Kernel, c: Compute) -> int:
@@ -148,7 +148,7 @@ def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: i
         chunk = -(-chunk // lanes) * lanes
         if chunk >= n:
             return rebuild(chain, cur)
-        return [parallel(split(chain[0], chunk))]
+        return [_serial_below(parallel(split(chain[0], chunk)), c)]
     # fuse outer (non-vector) loops until there is enough parallelism
     outer = chain[:-1] if vec_out else chain
     fused = rebuild(outer[:1], [])[0]
@@ -158,7 +158,19 @@ def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: i
     while used < len(outer) and hint(fused.extent) < least:
         fused = fuse(fused)
         used += 1
-    return [parallel(fused)]
+    return [_serial_below(parallel(fused), c)]
+
+
+def _serial_below(loop: Loop, c: Compute) -> Loop:
+    """A parallel loop over run-time extents was planned for the upper bounds: it carries its actual work as an
+    expression, and below PARALLEL_MIN_WORK it runs serially (a 16-token LayerNorm: 1 µs of work, 50 µs of
+    fork/join; codegen/kernel.py)."""
+    if symbolic_compute(c):
+        work: Expr = as_extent(c.extents[0])
+        for e in list(c.extents[1:]) + [n for r in walk(c.body) if isinstance(r, Reduce) for _, n in r.axes]:
+            work = work * e
+        loop.work = work
+    return loop
 
 
 def symbolic_compute(c: Compute) -> bool:
@@ -190,17 +202,17 @@ def schedule_symbolic(k: Kernel, c: Compute, tag: str, target: Target, threads: 
 
 
 # rows of the register tiles a symbolic M dispatches between at run time, beside the full tile: one row (a decode
-# step: a matrix-vector product, one output row per weight panel pass) and a short tile for a few rows
-REGIME_ROWS = (1, 4)
+# step: a matrix-vector product, one output row per weight panel pass). A few rows (2 … MR−1) run the full tile with
+# its clamped edge: those products are bound by streaming the weights, and each variant costs compile time
+REGIME_ROWS = (1,)
 
 
 def regime_tiles(k: Kernel, c: Compute, shape: TileShape, tag: str, threads: int, dec: Decisions) -> list[Stmt]:
     """The register tile of a compute with run-time extents — and, when its rows M are a symbolic dim, one variant
     per regime, picked at run time by M (DietCode's shape-generic micro-kernels, here by hand from the registers):
 
-        if M ≤ 1:        the 1-row tile   (GEMV-like: a 1-token decode step)
-        elif M < MR:     the 4-row tile   (a few tokens: the full tile would compute MR rows for M)
-        else:            the MR-row tile  (GEMM-like: prompts, batches)"""
+        if M ≤ 1:   the 1-row tile   (GEMV-like: a 1-token decode step)
+        else:       the MR-row tile  (GEMM-like: prompts, batches; the last row tile clamped)"""
     M = c.extents[shape.m_axis]
     nest = tile_compute(k, c, shape, tag, threads, None, dec)
     if not is_symbolic(M) or shape.flatten_rows:
