@@ -60,7 +60,7 @@ def lower(model: onnx.ModelProto | str | bytes | AtenProgram, target: Target, nu
           options: dict[str, bool], input_shapes: dict[str, Sequence[int]] | None = None, trace: Trace | None = None,
           stop_after: str = "object", strategy: str = "direct",
           strategies: dict[str, str] | None = None, bounds_check: bool = False, tuning: Any = None,
-          precision: str = "fp32") -> Compiled:
+          precision: str = "fp32", dynamic_bounds: dict[str, tuple[int, int]] | None = None) -> Compiled:
     """`tuning`: an open kiln.tune.database.TuningDatabase whose best records for this target are applied
     (step 3b), or None for the default schedules."""
     from kiln.frontend.onnx import import_onnx
@@ -72,7 +72,7 @@ def lower(model: onnx.ModelProto | str | bytes | AtenProgram, target: Target, nu
     if isinstance(model, AtenProgram):
         graph = import_aten(model)                                           # 1. torch FX (Core ATen) → graph IR
     else:
-        graph = import_onnx(model, input_shapes)                             # 1. ONNX → graph IR
+        graph = import_onnx(model, input_shapes, dynamic_bounds)             # 1. ONNX → graph IR (symbolic dims)
     graph = assign_strategies(graph, strategy, strategies)                   #    direct/ukernel/library per anchor
     graph = assign_precision(graph, precision)                               #    fp32/bf16 per anchor
     if any(n.attrs.get("strategy") == "auto" for n in graph.nodes):          #    auto: measured on the target
@@ -153,11 +153,13 @@ def compiler_fingerprint() -> str:
 
 def _cache_key(model_bytes: bytes, target: Target, num_threads: int, options: dict[str, bool],
                input_shapes: dict | None, strategy: str = "direct", strategies: dict[str, str] | None = None,
-               bounds_check: bool = False, tuning: str = "", precision: str = "fp32") -> str:
+               bounds_check: bool = False, tuning: str = "", precision: str = "fp32",
+               dynamic_bounds: dict[str, tuple[int, int]] | None = None) -> str:
     h = hashlib.sha256(model_bytes)
     h.update(json.dumps([__version__, compiler_fingerprint(), target.key, num_threads, sorted(options.items()),
                          sorted((k, list(v)) for k, v in (input_shapes or {}).items()), strategy,
-                         sorted((strategies or {}).items()), bool(bounds_check), tuning, precision]).encode())
+                         sorted((strategies or {}).items()), bool(bounds_check), tuning, precision,
+                         sorted((k, [int(x) for x in v]) for k, v in (dynamic_bounds or {}).items())]).encode())
     return h.hexdigest()[:32]
 
 
@@ -165,7 +167,7 @@ def compile(model: onnx.ModelProto | str | bytes | os.PathLike | AtenProgram, ta
             num_threads: int | None = None, input_shapes: dict[str, Sequence[int]] | None = None,
             cache: bool = True, strategy: str = "direct", strategies: dict[str, str] | None = None,
             bounds_check: bool = False, tuning: str | os.PathLike = "auto", precision: str = "fp32",
-            **options: bool):
+            dynamic_bounds: dict[str, tuple[int, int]] | None = None, **options: bool):
     """Compile an ONNX model (proto, path or bytes) — or a Core ATen program from the torch frontend
     (kiln.frontend.torch.AtenProgram; `kiln.from_torch` and the "kiln" torch.compile backend make them) — into an
     Executable for `target`.
@@ -177,7 +179,9 @@ def compile(model: onnx.ModelProto | str | bytes | os.PathLike | AtenProgram, ta
     `kiln tune`) measured on this target; "off" the default schedules; or the path of another database.
     `exe.meta["tuned"]` names the kernels that run tuned schedules.
     `precision="bf16"` multiplies the anchors' operands in bfloat16 with float32 accumulation
-    (graph/passes/precision.py; exe.meta["precision"] says how each anchor ran)."""
+    (graph/passes/precision.py; exe.meta["precision"] says how each anchor ran).
+    Symbolic input dims (ONNX dim_param, or unnamed dynamic dims) stay symbols: `dynamic_bounds={"seq": (1, 512)}`
+    bounds them (inclusive; default (1, kiln.graph.symbolic.DEFAULT_BOUND)); `input_shapes` pins them instead."""
     from kiln.frontend.onnx import load_model
     from kiln.graph.passes.precision import check_precision
     from kiln.strategy import check_strategy
@@ -200,8 +204,9 @@ def compile(model: onnx.ModelProto | str | bytes | os.PathLike | AtenProgram, ta
     if threads < 1:
         raise ValueError(f"num_threads must be ≥ 1, got {num_threads}")
     if isinstance(model, AtenProgram):
-        if input_shapes:
-            raise ValueError("input_shapes is for ONNX models: a torch program has the shapes it was traced with")
+        if input_shapes or dynamic_bounds:
+            raise ValueError("input_shapes and dynamic_bounds are for ONNX models: a torch program has the shapes it "
+                             "was traced with")
         proto, identity = model, model.fingerprint()
     else:
         proto = load_model(model)
@@ -209,7 +214,7 @@ def compile(model: onnx.ModelProto | str | bytes | os.PathLike | AtenProgram, ta
     db = _tuning_db(tuning)
     try:
         return _compile(proto, identity, tgt, threads, opts, input_shapes, cache, strategy, strategies,
-                        bounds_check, db, precision)
+                        bounds_check, db, precision, dynamic_bounds)
     finally:
         if db is not None:
             db.close()
@@ -230,7 +235,8 @@ def _tuning_db(tuning: str | os.PathLike):  # noqa: ANN202 - kiln.tune.database.
 
 def _compile(proto: onnx.ModelProto | AtenProgram, identity: bytes, tgt: Target, threads: int,
              opts: dict[str, bool], input_shapes: dict | None, cache: bool, strategy: str,
-             strategies: dict[str, str] | None, bounds_check: bool, db: Any, precision: str):
+             strategies: dict[str, str] | None, bounds_check: bool, db: Any, precision: str,
+             dynamic_bounds: dict[str, tuple[int, int]] | None = None):
     from kiln.runtime.executable import Executable
 
     path = None
@@ -240,7 +246,7 @@ def _compile(proto: onnx.ModelProto | AtenProgram, identity: bytes, tgt: Target,
             from kiln.tune.workload import target_key
             tuned = db.fingerprint(target_key(tgt, threads))
         key = _cache_key(identity, tgt, threads, opts, input_shapes, strategy,
-                         strategies, bounds_check, tuned, precision)
+                         strategies, bounds_check, tuned, precision, dynamic_bounds)
         path = os.path.join(cache_dir(), key + ".kiln")
         if os.path.exists(path):
             try:
@@ -250,7 +256,7 @@ def _compile(proto: onnx.ModelProto | AtenProgram, identity: bytes, tgt: Target,
             except ValueError:
                 pass  # stale or foreign cache entry: recompile and overwrite
     c = lower(proto, tgt, threads, opts, input_shapes, strategy=strategy, strategies=strategies,
-              bounds_check=bounds_check, tuning=db, precision=precision)
+              bounds_check=bounds_check, tuning=db, precision=precision, dynamic_bounds=dynamic_bounds)
     exe = executable_of(c, tgt, threads, bounds_check)
     if path:
         tmp = f"{path}.{os.getpid()}.tmp"

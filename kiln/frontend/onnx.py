@@ -235,36 +235,37 @@ def import_onnx(model: onnx.ModelProto | str | bytes | os.PathLike,
         graph.inputs.append(v)
         env[inp.name] = v
     ctx = Ctx(graph, opset)
-    for node in g.node:
-        ctx.node = node
-        if node.domain not in ("", "ai.onnx"):
-            raise UnsupportedOperator(node.op_type, ctx.name, opset, f"domain '{node.domain}' is not supported")
-        ins: list[Value | None] = []
-        for name in node.input:
-            if name == "":
-                ins.append(None)
-            elif name not in env:
-                raise ModelError(f"node '{ctx.name}' ({node.op_type}) reads '{name}', which no earlier node, input "
-                                 "or initializer defines (missing initializer, or nodes not in topological order)")
+    with symbolic.using_bounds(graph.bounds):  # the symbols' bounds decide the importers' comparisons of dims
+        for node in g.node:
+            ctx.node = node
+            if node.domain not in ("", "ai.onnx"):
+                raise UnsupportedOperator(node.op_type, ctx.name, opset, f"domain '{node.domain}' is not supported")
+            ins: list[Value | None] = []
+            for name in node.input:
+                if name == "":
+                    ins.append(None)
+                elif name not in env:
+                    raise ModelError(f"node '{ctx.name}' ({node.op_type}) reads '{name}', which no earlier node, input "
+                                     "or initializer defines (missing initializer, or nodes not in topological order)")
+                else:
+                    ins.append(env[name])
+            present = [v for v in ins if v is not None]
+            if node.op_type not in IMPORTERS:
+                if any(v.const is not None and symbolic.is_symbolic_array(v.const) for v in present):
+                    raise UnsupportedOperator(node.op_type, ctx.name, opset, "no import function evaluates it on shape "
+                                              "values that depend on symbolic dimensions")
+                if present and all(v.const is not None for v in present) and node.op_type not in _NON_FOLDABLE:
+                    outs = fold_with_reference(ctx, ins)
+                else:
+                    raise UnsupportedOperator(node.op_type, ctx.name, opset)
             else:
-                ins.append(env[name])
-        present = [v for v in ins if v is not None]
-        if node.op_type not in IMPORTERS:
-            if any(v.const is not None and symbolic.is_symbolic_array(v.const) for v in present):
-                raise UnsupportedOperator(node.op_type, ctx.name, opset, "no import function evaluates it on shape "
-                                          "values that depend on symbolic dimensions")
-            if present and all(v.const is not None for v in present) and node.op_type not in _NON_FOLDABLE:
-                outs = fold_with_reference(ctx, ins)
-            else:
-                raise UnsupportedOperator(node.op_type, ctx.name, opset)
-        else:
-            outs = IMPORTERS[node.op_type](ctx, ins)
-        if len(outs) < len([o for o in node.output if o]):
-            raise UnsupportedOperator(node.op_type, ctx.name, opset,
-                                      f"only the first {len(outs)} output(s) are supported")
-        for name, v in zip(node.output, outs):
-            if name:
-                env[name] = v
+                outs = IMPORTERS[node.op_type](ctx, ins)
+            if len(outs) < len([o for o in node.output if o]):
+                raise UnsupportedOperator(node.op_type, ctx.name, opset,
+                                          f"only the first {len(outs)} output(s) are supported")
+            for name, v in zip(node.output, outs):
+                if name:
+                    env[name] = v
     for out in g.output:
         if out.name not in env:
             raise ModelError(f"graph output '{out.name}' is never produced")

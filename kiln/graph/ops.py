@@ -394,8 +394,9 @@ _SAME_TYPE: dict[str, slice] = {**{op: slice(0, None) for op in (
 def infer(op: str, types: list[TensorType], attrs: dict[str, Any], node_name: str = "",
           bounds: dict[str, tuple[int, int]] | None = None) -> list[TensorType]:
     """The output types of a node. `bounds`: the graph's symbol bounds, which decide comparisons of symbolic dims
-    (a symbol missing there ranges over (1, symbolic.DEFAULT_BOUND))."""
-    with symbolic.using_bounds(bounds):
+    (None: the bounds in force, `symbolic.using_bounds`, which run_graph_passes sets to the graph's; a symbol
+    missing there ranges over (1, symbolic.DEFAULT_BOUND))."""
+    with symbolic.using_bounds(symbolic.current_bounds() if bounds is None else bounds):
         return _infer(op, types, attrs, node_name)
 
 

@@ -196,3 +196,17 @@ def dims_array(values: Iterable[object], shape: tuple[int, ...] | None = None) -
 def normalize_array(a: np.ndarray) -> np.ndarray:
     """Every element of an object array normalized (sympy Integers → int, exact rationals kept)."""
     return dims_array(a.reshape(-1).tolist(), a.shape)
+
+
+def substitute(obj: object, values: dict[str, int]) -> object:
+    """`obj` (a dim, or tuples/lists/dicts of them: a node's attributes, a shape) with every symbol given a value:
+    what an attribute such as Reshape's shape or Slice's ends is at one run's sizes."""
+    if isinstance(obj, sympy.Basic):
+        return evaluate(obj, values)
+    if isinstance(obj, tuple):
+        return tuple(substitute(x, values) for x in obj)
+    if isinstance(obj, list):
+        return [substitute(x, values) for x in obj]
+    if isinstance(obj, dict):
+        return {k: substitute(v, values) for k, v in obj.items()}
+    return obj

@@ -17,6 +17,7 @@ from kiln.graph.passes.pack_weights import pack_weights
 from kiln.graph.passes.precision import lower_precision
 from kiln.graph.passes.quantize_qdq import quantize_qdq
 from kiln.graph.passes.winograd import winograd_conv
+from kiln.graph.symbolic import using_bounds
 from kiln.target import Target
 
 Pass = Callable[..., Graph]  # Graph → Graph, optionally also given the Target
@@ -43,7 +44,8 @@ def run_graph_passes(g: Graph, options: dict[str, bool], target: Target,
     for opt, p in GRAPH_PASSES:
         if opt and not options.get(opt, True):
             continue
-        g = p(g, target) if "target" in inspect.signature(p).parameters else p(g)
+        with using_bounds(g.bounds):  # symbolic dims: the graph's bounds decide comparisons in the pass
+            g = p(g, target) if "target" in inspect.signature(p).parameters else p(g)
         if verify:
             g.verify()
         if trace:

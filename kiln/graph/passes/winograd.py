@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kiln.graph import symbolic
 from kiln.graph.ir import Graph, Node, TensorType, Value
 from kiln.graph.ops import OPS, OpDef, acc_dtype
 from kiln.strategy import strategy_of
@@ -77,6 +78,9 @@ def _eligible(n: Node) -> bool:
             or a["dilations"] != (1, 1) or n.inputs[1].const is None or a.get("precision") == "bf16":
         return False
     x, y = n.inputs[0], n.outputs[0]
+    if not symbolic.is_static(y.shape[2:4]):
+        return False  # a symbolic spatial dim: the 2×2 tile count would be a run-time extent; the conv stays direct
+    # (a symbolic batch is not in this decision: such convs still take Winograd)
     return x.shape[1] * x.shape[-1] >= MIN_CHANNELS and a["co"] >= MIN_CHANNELS and x.shape[0] == y.shape[0]
 
 
