@@ -1,0 +1,210 @@
+"""Dynamic shapes, the kernel half (issue 15): one compilation of a model with symbolic dims serves every size in
+its bounds. Each model here is compiled ONCE per vector width and run at several sizes, every output compared with
+onnxruntime running the same dynamic model: max|kiln − ort| ≤ 1e-4 · max|ort| (float32 accumulation-order noise;
+the issue's bar). The width fixture runs each for avx512, avx2 and sse (emit-only where the CPU cannot)."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from conftest import assert_close, run_ort, width_runs
+from onnx import TensorProto as T
+from onnx import helper, numpy_helper
+
+import kiln
+from kiln.errors import BoundsError, ModelError
+
+RTOL = 1e-4
+
+
+def _model(nodes: list, inputs: list, outputs: list, inits: dict[str, np.ndarray]) -> onnx.ModelProto:
+    g = helper.make_graph(nodes, "dyn", inputs, outputs, [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def attention_model(d: int = 32) -> onnx.ModelProto:
+    """x: [batch, seq, d] → a projection with bias and GELU-ish tanh, a LayerNorm, single-head attention (both
+    activation × activation MatMuls, a Softmax over the symbolic keys), heads split by a Reshape view."""
+    r = np.random.default_rng(0)
+    inits = {"w": (r.standard_normal((d, d)) * 0.2).astype(np.float32), "b": r.standard_normal(d).astype(np.float32),
+             "g": r.standard_normal(d).astype(np.float32), "beta": r.standard_normal(d).astype(np.float32),
+             "scale": np.array(0.1, np.float32), "heads": np.array([0, 0, 4, d // 4], np.int64),
+             "back": np.array([0, 0, d], np.int64)}
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["p"]), helper.make_node("Add", ["p", "b"], ["pb"]),
+             helper.make_node("Tanh", ["pb"], ["h"]),
+             helper.make_node("LayerNormalization", ["h", "g", "beta"], ["ln"], axis=-1),
+             helper.make_node("Transpose", ["ln"], ["lt"], perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["ln", "lt"], ["s0"]), helper.make_node("Mul", ["s0", "scale"], ["s"]),
+             helper.make_node("Softmax", ["s"], ["a"], axis=-1), helper.make_node("MatMul", ["a", "x"], ["ctx"]),
+             helper.make_node("Reshape", ["ctx", "heads"], ["c4"]), helper.make_node("Relu", ["c4"], ["c4r"]),
+             helper.make_node("Reshape", ["c4r", "back"], ["y"])]
+    return _model(nodes, [helper.make_tensor_value_info("x", T.FLOAT, ["batch", "seq", d])],
+                  [helper.make_tensor_value_info("y", T.FLOAT, ["batch", "seq", d]),
+                   helper.make_tensor_value_info("ln", T.FLOAT, ["batch", "seq", d])], inits)
+
+
+def batch_mixing_model(d: int = 16) -> onnx.ModelProto:
+    """Ops that mix the batch (a Softmax over axis 0) and a Reshape that merges batch and seq ([b, s, d] → [b·s, d]):
+    no per-sample split; every tensor in its max layout, the merge a run-time copy."""
+    r = np.random.default_rng(1)
+    inits = {"w": (r.standard_normal((d, 24)) * 0.3).astype(np.float32), "flat": np.array([-1, d], np.int64)}
+    nodes = [helper.make_node("Softmax", ["x"], ["sb"], axis=0),
+             helper.make_node("Reshape", ["sb", "flat"], ["rows"]),
+             helper.make_node("MatMul", ["rows", "w"], ["y"])]
+    return _model(nodes, [helper.make_tensor_value_info("x", T.FLOAT, ["batch", "seq", d])],
+                  [helper.make_tensor_value_info("y", T.FLOAT, ["rows", 24])], inits)
+
+
+def conv_model() -> onnx.ModelProto:
+    """A small CNN with a symbolic batch: runs one sample at a time on static kernels."""
+    r = np.random.default_rng(2)
+    inits = {"w1": (r.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32), "b1": r.standard_normal(8).astype(
+        np.float32), "w2": (r.standard_normal((16, 8, 3, 3)) * 0.2).astype(np.float32),
+        "fc": (r.standard_normal((16, 10)) * 0.3).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Conv", ["p1", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("GlobalAveragePool", ["c2"], ["g"]), helper.make_node("Flatten", ["g"], ["f"]),
+             helper.make_node("MatMul", ["f", "fc"], ["y"])]
+    return _model(nodes, [helper.make_tensor_value_info("x", T.FLOAT, ["batch", 3, 20, 20])],
+                  [helper.make_tensor_value_info("y", T.FLOAT, ["batch", 10])], inits)
+
+
+def _feeds(model: onnx.ModelProto, sizes: dict[str, int], seed: int) -> dict[str, np.ndarray]:
+    out = {}
+    for v in model.graph.input:
+        shape = [d.dim_value if d.HasField("dim_value") else sizes[d.dim_param] for d in v.type.tensor_type.shape.dim]
+        out[v.name] = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+    return out
+
+
+def compiled_once(model: onnx.ModelProto, width: str, bounds: dict[str, tuple[int, int]],
+                  **kw: object) -> kiln.Executable | None:
+    """The dynamic executable for `width`; None (its object emitted) for a width this CPU cannot run."""
+    if not width_runs(width):
+        from kiln.compiler import lower
+        from kiln.target import resolve
+        c = lower(model, resolve(width), 2, {}, dynamic_bounds=bounds, stop_after="object")
+        assert c.obj[:4] == b"\x7fELF"
+        return None
+    exe = kiln.compile(model, target=width, num_threads=2, cache=False, dynamic_bounds=bounds, **kw)
+    assert exe.meta["dynamic"] is not None and exe.meta["compilations"] == 1
+    return exe
+
+
+def check_sizes(exe: kiln.Executable, model: onnx.ModelProto, sizes: list[dict[str, int]]) -> None:
+    for i, size in enumerate(sizes):
+        feeds = _feeds(model, size, i)
+        want, got = run_ort(model, feeds), exe.run(feeds)
+        for j, (g, w) in enumerate(zip(got, want)):
+            assert_close(g, w, RTOL, f"size {size} output {j}")
+
+
+SIZES = [{"batch": 1, "seq": 1}, {"batch": 2, "seq": 5}, {"batch": 3, "seq": 17}, {"batch": 4, "seq": 48},
+         {"batch": 1, "seq": 33}]
+
+
+def test_attention_every_size_one_compile(width: str) -> None:
+    model = attention_model()
+    exe = compiled_once(model, width, {"batch": (1, 4), "seq": (1, 48)})
+    if exe is not None:
+        assert exe.meta["dynamic"]["per_sample"] == "batch"
+        check_sizes(exe, model, SIZES)
+
+
+def test_batch_mixing_model_runs_in_max_layouts(width: str) -> None:
+    model = batch_mixing_model()
+    exe = compiled_once(model, width, {"batch": (1, 4), "seq": (1, 40)})
+    if exe is not None:
+        assert exe.meta["dynamic"]["per_sample"] is None  # the Softmax over axis 0 mixes samples
+        check_sizes(exe, model, [{"batch": 1, "seq": 1}, {"batch": 3, "seq": 7}, {"batch": 4, "seq": 40}])
+
+
+def test_symbolic_batch_cnn_runs_static_kernels_per_sample(width: str) -> None:
+    model = conv_model()
+    exe = compiled_once(model, width, {"batch": (1, 8)})
+    if exe is not None:
+        assert exe.meta["dynamic"]["per_sample"] == "batch"
+        check_sizes(exe, model, [{"batch": 1}, {"batch": 2}, {"batch": 8}])
+
+
+def test_gpt_decoder_from_one_to_many_tokens() -> None:
+    from kiln import zoo
+    model = zoo.build("gpt_decoder")
+    exe = kiln.compile(model, num_threads=2, cache=False, dynamic_bounds={"batch": (1, 2), "seq": (1, 64)})
+    for i, (b, s) in enumerate([(1, 1), (2, 7), (1, 64), (2, 1)]):
+        ids = np.random.default_rng(i).integers(0, 1000, (b, s)).astype(np.int64)
+        (want,), (got,) = run_ort(model, {"input_ids": ids}), exe.run({"input_ids": ids})
+        assert_close(got, want, RTOL, f"logits at batch {b}, seq {s}")
+
+
+def test_bounds_checked_build_stays_inside_the_max_layouts() -> None:
+    """The debug build checks every access against its buffer: no size may read or write outside the max layouts
+    (and the padding between a tensor's live part and its max layout is never read by a reduction)."""
+    for model, bounds, sizes in ((attention_model(), {"batch": (1, 4), "seq": (1, 48)}, SIZES),
+                                 (batch_mixing_model(), {"batch": (1, 4), "seq": (1, 40)},
+                                  [{"batch": 2, "seq": 3}, {"batch": 4, "seq": 40}])):
+        exe = kiln.compile(model, num_threads=2, cache=False, dynamic_bounds=bounds, bounds_check=True)
+        try:
+            check_sizes(exe, model, sizes)
+        except BoundsError as e:
+            pytest.fail(f"out-of-bounds access in the dynamic build: {e}")
+
+
+def test_sizes_are_checked_before_anything_runs() -> None:
+    model = attention_model()
+    exe = kiln.compile(model, num_threads=2, cache=False, dynamic_bounds={"batch": (1, 4), "seq": (2, 48)})
+    x = np.zeros((1, 49, 32), np.float32)
+    with pytest.raises(ValueError, match=r"'seq' = 49 .*outside the bounds \[2, 48\]"):
+        exe.run({"x": x})
+    with pytest.raises(ValueError, match=r"'seq' = 1 .*outside the bounds"):
+        exe.run({"x": np.zeros((1, 1, 32), np.float32)})
+    with pytest.raises(ValueError, match="dim 2 is fixed at 32"):
+        exe.run({"x": np.zeros((1, 4, 31), np.float32)})
+    with pytest.raises(ValueError, match="rank 2"):
+        exe.run({"x": np.zeros((4, 32), np.float32)})
+
+
+def test_two_inputs_that_disagree_on_a_symbol() -> None:
+    nodes = [helper.make_node("Add", ["a", "b"], ["y"])]
+    model = _model(nodes, [helper.make_tensor_value_info("a", T.FLOAT, ["n", 8]),
+                           helper.make_tensor_value_info("b", T.FLOAT, ["n", 8])],
+                   [helper.make_tensor_value_info("y", T.FLOAT, ["n", 8])], {})
+    exe = kiln.compile(model, num_threads=2, cache=False, dynamic_bounds={"n": (1, 16)})
+    a, b = np.ones((3, 8), np.float32), np.ones((5, 8), np.float32)
+    with pytest.raises(ValueError, match="disagree on the symbolic dim 'n': 3 in 'a'.*5 in 'b'"):
+        exe.run({"a": a, "b": b})
+    (y,) = exe.run({"a": a, "b": 2 * a})
+    np.testing.assert_array_equal(y, 3 * a)
+
+
+def test_saved_dynamic_executable_keeps_every_size(tmp_path) -> None:  # noqa: ANN001
+    model = attention_model()
+    exe = kiln.compile(model, num_threads=2, cache=False, dynamic_bounds={"batch": (1, 4), "seq": (1, 48)})
+    exe.save(str(tmp_path / "m.kiln"))
+    again = kiln.load(str(tmp_path / "m.kiln"))
+    assert again.meta["dynamic"] == exe.meta["dynamic"]
+    check_sizes(again, model, SIZES[:3])
+
+
+def test_an_op_that_indexes_a_symbolic_dim_is_refused() -> None:
+    """A 3×3 conv over a symbolic width reads its input at ow + kw: in the max layout that would read the padding
+    as data, so compilation stops and names the op, the node and the dim."""
+    w = np.ones((4, 3, 3, 3), np.float32)
+    model = _model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], name="conv3x3")],
+                   [helper.make_tensor_value_info("x", T.FLOAT, [1, 3, 16, "width"])],
+                   [helper.make_tensor_value_info("y", T.FLOAT, [1, 4, 16, "width"])], {"w": w})
+    with pytest.raises(ModelError, match=r"conv3x3.*width"):
+        kiln.compile(model, num_threads=2, cache=False, dynamic_bounds={"width": (4, 32)})
+    # pinned, the same model compiles
+    exe = kiln.compile(model, num_threads=2, cache=False, input_shapes={"x": (1, 3, 16, 20)})
+    assert exe.meta["dynamic"] is None
+
+
+def test_static_models_are_untouched() -> None:
+    """A model without symbolic dims compiles exactly as before: no dims array, no dynamic metadata."""
+    model = attention_model()
+    exe = kiln.compile(model, num_threads=2, cache=False, input_shapes={"x": (2, 9, 32)})
+    assert exe.meta["dynamic"] is None
+    check_sizes(exe, model, [{"batch": 2, "seq": 9}])
