@@ -8,6 +8,8 @@ Bugs this fuzzer found (and that were fixed) are listed in BUGS_FOUND, each with
 test_fuzz_regression (a hand-written copy of the falsifying graph)."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
 import pytest
@@ -17,6 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import kiln
 from conftest import assert_close, run_ort
+from kiln.errors import ModelError, UnsupportedOperator
 
 FUZZ_CASES, FUZZ_CASES_SLOW = 300, 3000
 RTOL = 1e-3  # of the output's largest magnitude: indexing, broadcasting and fusion bugs are O(1) errors
@@ -389,3 +392,51 @@ def test_fuzz_regression(name: str) -> None:
     model, feeds = _regression(name)
     for g, w in zip(kiln.compile(model, num_threads=2, cache=False).run(feeds), run_ort(model, feeds)):
         assert_close(g, w, RTOL)
+
+
+# -- symbolic dims (issue 15): the same graphs with one input dim made symbolic -----------------------------------
+FUZZ_SYMBOLIC_CASES = 60
+
+
+def symbolic_variant(model: onnx.ModelProto, feeds: dict[str, np.ndarray], axis_pick: int) -> onnx.ModelProto:
+    """The model with one dim of its first input declared symbolic ("n"), and its outputs' shapes left for
+    inference: Kiln compiles it once, with an upper bound above the size fed (the max layout then has padding)."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    dims = m.graph.input[0].type.tensor_type.shape.dim
+    axis = axis_pick % len(dims)
+    dims[axis].ClearField("dim_value")
+    dims[axis].dim_param = "n"
+    for o in m.graph.output:
+        o.type.tensor_type.ClearField("shape")
+    return m
+
+
+def run_symbolic_case(data: st.DataObject) -> None:
+    model, feeds = Builder(data).build()
+    x = next(iter(feeds.values()))
+    if x.ndim == 0:
+        return
+    sym = symbolic_variant(model, feeds, data.draw(st.integers(0, 7), "symbolic axis"))
+    axis = next(i for i, d in enumerate(sym.graph.input[0].type.tensor_type.shape.dim) if d.dim_param == "n")
+    want = run_ort(model, feeds)
+    try:
+        exe = kiln.compile(sym, num_threads=2, cache=False, dynamic_bounds={"n": (1, x.shape[axis] + 3)})
+    except (ModelError, UnsupportedOperator) as e:
+        # the graph needs n at one value (a static [2] broadcast against n), or an op cannot take a symbolic dim
+        # there: refused with the dim named, never miscompiled
+        assert re.search(r"\bn\b", str(e)), f"a refusal must name the symbolic dim n: {e}"
+        return
+    try:
+        got = exe.run(feeds)
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert_close(g, w, RTOL, f"output {i} (dim {axis} of the input symbolic)")
+    except BaseException:
+        print(onnx.printer.to_text(sym.graph))
+        raise
+
+
+@settings(max_examples=FUZZ_SYMBOLIC_CASES, **_FUZZ)
+@given(st.data())
+def test_fuzz_symbolic_dims_match_onnxruntime(data: st.DataObject) -> None:
+    run_symbolic_case(data)
