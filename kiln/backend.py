@@ -7,9 +7,11 @@ against it:
     outputs = kiln.backend.run_model(model, [x, y])
     outputs = kiln.backend.run_node(node, [x, y])
 
-A model whose inputs have symbolic dimensions (`batch`, `seq`) is compiled at `run` time for the concrete
-shapes it is fed (`kiln.compile(model, input_shapes=...)`); one executable is kept per input-shape
-signature. CPU only.
+A model whose inputs have symbolic dimensions (`batch`, `seq`) is compiled ONCE, with its symbols
+(`rep.dynamic`, issue 15), and serves every size within their bounds; a size outside them, or a model with an op
+that cannot take a symbolic dim (`rep.dynamic_error` says which), is compiled for the concrete shapes it is fed
+(`kiln.compile(model, input_shapes=...)`), one executable per input-shape signature. `rep.compilations` counts
+them. CPU only.
 
 Two things the backend does at the model's edges that `kiln.compile` does not:
   * float16 inputs and outputs: Kiln stores and computes in float32, so the model is compiled with its
@@ -204,6 +206,15 @@ class KilnRep(BackendRep):
         self._executables: dict[tuple, kiln.Executable] = {}
         self.symbolic = any(not d.HasField("dim_value") for v in self.inputs
                             for d in v.type.tensor_type.shape.dim)
+        self.compilations = 0
+        self.dynamic: kiln.Executable | None = None   # one executable for every size (symbolic dims, issue 15)
+        self.dynamic_error = ""                        # why the model is compiled per shape instead, if it is
+        if self.symbolic and not self.baked:
+            try:
+                self.dynamic = kiln.compile(self.model, num_threads=self.num_threads, cache=False, **self.options)
+                self.compilations += 1
+            except (ModelError, UnsupportedOperator) as e:  # an op that cannot take a symbolic dim: per shape
+                self.dynamic_error = str(e)
         if not self.symbolic and not self.baked:  # compile now: errors come at prepare time
             self._executable({v.name: tuple(d.dim_value for d in v.type.tensor_type.shape.dim) for v in self.inputs},
                              {})
@@ -217,6 +228,7 @@ class KilnRep(BackendRep):
             shapes = {k: v for k, v in shapes.items() if k not in baked}
             exe = kiln.compile(model, num_threads=self.num_threads, cache=False,
                                input_shapes=shapes if self.symbolic else None, **self.options)
+            self.compilations += 1
             self._executables[key] = exe
         return exe
 
@@ -244,10 +256,23 @@ class KilnRep(BackendRep):
     def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:
         feeds = self._feeds(inputs)
         baked = {n: feeds.pop(n) for n in self.baked if n in feeds}
-        exe = self._executable({k: tuple(v.shape) for k, v in feeds.items()}, baked)
-        outs = exe.run(feeds)
+        if self.dynamic is not None and self._within_bounds(feeds):
+            outs = self.dynamic.run(feeds)
+        else:
+            outs = self._executable({k: tuple(v.shape) for k, v in feeds.items()}, baked).run(feeds)
         outs = [o.astype(np.float16) if n in self.f16_out else o for n, o in zip(self.output_names, outs)]
         return tuple(outs)
+
+
+    def _within_bounds(self, feeds: dict[str, np.ndarray]) -> bool:
+        """Do the feeds' sizes fall in the dynamic executable's bounds? (Outside them: a specialized compile.)"""
+        from kiln.runtime.shapes import bind
+        try:
+            bind(self.dynamic.inputs, [np.asarray(feeds[s.name]) for s in self.dynamic.inputs],
+                 self.dynamic.meta["dynamic"]["bounds"])
+        except (ValueError, KeyError):
+            return False
+        return True
 
 
 class KilnBackend(Backend):

@@ -120,6 +120,8 @@ def lower_graph(graph: Graph, target: Target, num_threads: int, options: dict[st
             prog.buffers[names[-1]] = b
     tr("kernels", prog)
     plan = plan_memory(prog, reuse=options.get("memory_reuse", True))       # 5. static memory plan
+    if dims is not None:                                                     #    (symbolic: at the upper bounds)
+        check_dynamic_arena(plan.arena_bytes, dims)
     out.program, out.plan = prog, plan
     lap("lower")
     if stop_after == "kernels":
@@ -134,6 +136,19 @@ def lower_graph(graph: Graph, target: Target, num_threads: int, options: dict[st
     out.obj = emit_object(mod, target)                                       # 8. machine code
     lap("llvm")
     return out
+
+
+MAX_DYNAMIC_ARENA = 8 << 30  # bytes: past this, a symbolic model's upper bounds are almost surely not what was meant
+
+
+def check_dynamic_arena(arena_bytes: int, dims: Any) -> None:
+    """A symbolic model's arena is planned at its upper bounds: refuse one that would not fit in memory, naming the
+    bounds to lower (dynamic_bounds=) — the default bound of an unbounded symbol is generous."""
+    if arena_bytes > MAX_DYNAMIC_ARENA:
+        from kiln.errors import ModelError
+        raise ModelError(f"at its upper bounds {dims.bounds} the model needs {arena_bytes / 2**30:.1f} GiB of "
+                         f"activations (more than {MAX_DYNAMIC_ARENA >> 30} GiB): pass dynamic_bounds= with smaller "
+                         f"upper bounds, or input_shapes=")
 
 
 @functools.cache

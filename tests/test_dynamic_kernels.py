@@ -208,3 +208,21 @@ def test_static_models_are_untouched() -> None:
     exe = kiln.compile(model, num_threads=2, cache=False, input_shapes={"x": (2, 9, 32)})
     assert exe.meta["dynamic"] is None
     check_sizes(exe, model, [{"batch": 2, "seq": 9}])
+
+
+def test_backend_compiles_a_symbolic_model_once() -> None:
+    """kiln.backend no longer recompiles per shape: one dynamic executable serves every size in its bounds; a size
+    beyond them gets its own specialized compile."""
+    import kiln.backend
+    model = attention_model()
+    rep = kiln.backend.prepare(model)
+    assert rep.dynamic is not None and rep.compilations == 1
+    for i, size in enumerate([{"batch": 1, "seq": 3}, {"batch": 2, "seq": 30}, {"batch": 1, "seq": 1}]):
+        feeds = _feeds(model, size, i)
+        for g, w in zip(rep.run(feeds), run_ort(model, feeds)):
+            assert_close(g, w, RTOL, f"size {size}")
+    assert rep.compilations == 1
+    big = _feeds(model, {"batch": 1, "seq": 600}, 9)  # above the default bound (512): compiled for that shape
+    for g, w in zip(rep.run(big), run_ort(model, big)):
+        assert_close(g, w, RTOL, "beyond the bounds")
+    assert rep.compilations == 2
