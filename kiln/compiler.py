@@ -303,7 +303,8 @@ def executable_of(c: Compiled, tgt: Target, threads: int, bounds_check: bool = F
             **dims.meta(g), "max_inputs": [dims.max_layout(v) for v in c.program.graph.inputs],
             "max_outputs": [dims.max_layout(v) for v in c.program.graph.outputs],
             "packed_inputs": [dims.packed(v) for v in c.program.graph.inputs],
-            "packed_outputs": [dims.packed(v) for v in c.program.graph.outputs]},
+            "packed_outputs": [dims.packed(v) for v in c.program.graph.outputs],
+            "fallbacks": {k.name: k.fallbacks for k in c.program.kernels if k.fallbacks}},
         "compilations": 1,  # a dynamic executable serves every size in its bounds from this one compilation
         "arena_bytes": c.plan.arena_bytes, "num_threads": threads, "kernels": [k.name for k in c.program.kernels],
         "flops": [k.flops for k in c.program.kernels], "compile_s": c.timings,

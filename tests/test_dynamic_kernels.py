@@ -226,3 +226,18 @@ def test_backend_compiles_a_symbolic_model_once() -> None:
     for g, w in zip(rep.run(big), run_ort(model, big)):
         assert_close(g, w, RTOL, "beyond the bounds")
     assert rep.compilations == 2
+
+
+def test_bf16_with_symbolic_dims_runs_emulated_and_says_so() -> None:
+    """precision="bf16" with run-time rows: no AMX tile over run-time extents yet, so the anchors run emulated (bf16
+    storage, fp32 FMAs) and exe.meta says so per anchor and per kernel. Tolerance: bf16 keeps 8 significant bits
+    (relative rounding 2^-9 per operand), the K=32 products accumulate in fp32: 2e-2 of the output's magnitude."""
+    model = attention_model()
+    exe = kiln.compile(model, num_threads=2, cache=False, dynamic_bounds={"batch": (1, 4), "seq": (1, 48)},
+                       precision="bf16")
+    assert set(exe.meta["precision"].values()) == {"emulated"}
+    assert any("emulated" in why for whys in exe.meta["dynamic"]["fallbacks"].values() for why in whys)
+    for i, size in enumerate([{"batch": 1, "seq": 1}, {"batch": 3, "seq": 40}]):
+        feeds = _feeds(model, size, i)
+        for g, w in zip(exe.run(feeds), run_ort(model, feeds)):
+            assert_close(g, w, 2e-2, f"bf16 at {size}")

@@ -502,6 +502,8 @@ class Kernel:
     strategies: dict[str, str] = field(default_factory=dict)  # anchor node → how it was actually built
     decisions: Any = None  # the schedule's knob values and domains (schedule/config.py: Decisions)
     precision: dict[str, str] = field(default_factory=dict)   # bf16 anchor node → amx | avx512bf16 | emulated
+    # run-time extents (symbolic dims): the specialized schedules this kernel ran without, and why
+    fallbacks: list[str] = field(default_factory=list)
 
     def buffer(self, name: str) -> Buffer:
         for b in itertools.chain(self.args, self.scratch):

@@ -179,6 +179,11 @@ def symbolic_compute(c: Compute) -> bool:
         is_symbolic(n) for r in walk(c.body) if isinstance(r, Reduce) for _, n in r.axes)
 
 
+# schedules built for constant extents, which a compute with run-time extents runs without (exe.meta says so)
+_SPECIALIZED = {"reorder": "in-register transposes (reorder.py)", "winograd": "Winograd transforms (winograd.py)",
+                "int8": "the 8-bit dot-product tile (int8.py)"}
+
+
 def schedule_symbolic(k: Kernel, c: Compute, tag: str, target: Target, threads: int, options: dict[str, bool],
                       dec: Decisions) -> list[Stmt]:
     """A compute with run-time extents. The transposes' and Winograd's schedules, the 8-bit and AMX tiles, the
@@ -188,6 +193,13 @@ def schedule_symbolic(k: Kernel, c: Compute, tag: str, target: Target, threads: 
     node = c.hints.get("node")
     if node is not None and c.hints.get("strategy", "direct") not in ("direct", "auto"):
         k.strategies[node] = "direct (symbolic dims)"
+        k.fallbacks.append(f"{node}: strategy {c.hints['strategy']} → direct register tile")
+    for hint_name, what in _SPECIALIZED.items():
+        if hint_name in c.hints:
+            k.fallbacks.append(f"{c.out}: {what} → the plain vectorized nest")
+    if bf16_products(c):  # no AMX tile over run-time rows yet
+        k.precision[str(node or c.out)] = "emulated"
+        k.fallbacks.append(f"{node or c.out}: bf16 AMX tiles → emulated (bf16 storage, fp32 FMAs)")
     if options.get("fuse_axes", True):
         c = fuse_contiguous_axes(c, lambda name: k.buffer(name).shape)
     if options.get("register_tile", True) and options.get("vectorize", True):
@@ -308,7 +320,7 @@ def schedule_program(kernels: list[Kernel], target: Target, threads: int, option
             first[key] = schedule_kernel(k, target, threads, options, config)
             continue
         k.body, k.scratch, k.decisions = done.body, list(done.scratch), done.decisions
-        k.extern_ir, k.symbols = dict(done.extern_ir), list(done.symbols)
+        k.extern_ir, k.symbols, k.fallbacks = dict(done.extern_ir), list(done.symbols), list(done.fallbacks)
         for mine, theirs in zip(k.computes, done.computes):
             for mine_map, their_map in ((k.strategies, done.strategies), (k.precision, done.precision)):
                 how = their_map.get(theirs.hints.get("node", theirs.out))
