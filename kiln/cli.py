@@ -40,22 +40,38 @@ def calibration_samples(path: str | None) -> list[dict[str, np.ndarray]]:
     return [{k: v[i] for k, v in data.items()} for i in range(next(iter(counts.values())))]
 
 
-def _feeds(exe, spec: str, inputs: list[str] | None) -> dict[str, np.ndarray]:  # noqa: ANN001
-    """Random seeded inputs (zoo's own where it has them), or .npy files `--input x.npy` / `name=x.npy`."""
+def _feeds(exe, spec: str, inputs: list[str] | None, dims: str | None = None) -> dict[str, np.ndarray]:  # noqa: ANN001
+    """Random seeded inputs, or .npy files `--input x.npy` / `name=x.npy`; symbolic dims sized by `--dims`."""
+    from kiln.runtime.shapes import evaluate
     feeds: dict[str, np.ndarray] = {}
     for i, item in enumerate(inputs or []):
         name, _, path = item.rpartition("=")
         feeds[name or exe.input_names[i]] = np.load(path)
     rng = np.random.default_rng(1)
+    sizes = _dim_values(exe, dims)
     for s in exe.inputs:
         if s.name not in feeds:
+            shape = tuple(d if isinstance(d, int) else evaluate(d, sizes) for d in s.shape)
             if s.dtype.startswith("float"):
-                feeds[s.name] = rng.standard_normal(s.shape).astype(s.dtype)
+                feeds[s.name] = rng.standard_normal(shape).astype(s.dtype)
             elif s.dtype == "bool":
-                feeds[s.name] = rng.random(s.shape) < 0.5
+                feeds[s.name] = rng.random(shape) < 0.5
             else:
-                feeds[s.name] = rng.integers(0, 4, s.shape).astype(s.dtype)
+                feeds[s.name] = rng.integers(0, 4, shape).astype(s.dtype)
     return feeds
+
+
+def _dim_values(exe, dims: str | None) -> dict[str, int]:  # noqa: ANN001
+    """Sizes for a dynamic executable's symbolic dims: `--dims seq=77,batch=2`, else each at min(8, its upper
+    bound)."""
+    dyn = getattr(exe, "meta", {}).get("dynamic") or {}
+    values = {name: min(8, hi) for name, (_, hi) in dyn.get("bounds", {}).items()}
+    for item in filter(None, (dims or "").split(",")):
+        name, sep, v = item.partition("=")
+        if not sep or name not in values:
+            raise ValueError(f"--dims wants NAME=SIZE for the symbolic dims {sorted(values)}, got {item!r}")
+        values[name] = int(v)
+    return values
 
 
 def _options(args: argparse.Namespace) -> dict:
@@ -136,7 +152,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         exe = kiln.compile(proto, target=args.target or "host", num_threads=args.threads, cache=not args.no_cache,
                            **_options(args))
     compile_s = time.perf_counter() - t
-    feeds = _feeds(exe, args.model, args.input)
+    feeds = _feeds(exe, args.model, args.input, getattr(args, 'dims', None))
     outs = exe.run(feeds)
     times = []
     for _ in range(args.repeat):
@@ -281,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run", help="compile (or load a .kiln) and run on random or given inputs")
     common(r)
     r.add_argument("--input", action="append", help="x.npy or name=x.npy (repeatable)")
+    r.add_argument("--dims", help="sizes of a dynamic model's symbolic dims for the random inputs: seq=77,batch=2")
     r.add_argument("--output", help="save the first output as .npy")
     r.add_argument("--check", action="store_true", help="compare with onnxruntime")
     r.add_argument("--target", help="a cross target (aarch64-sve, riscv64-rvv, ...): build it and run it under qemu")
