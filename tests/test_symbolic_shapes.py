@@ -177,6 +177,7 @@ def test_bert_base_symbolic_batch_and_seq_match_static() -> None:
     assert g.inputs[0].shape == (batch, seq, 768)
 
 
+@pytest.mark.slow
 def test_bert_base_dynamic_is_bert_base_with_dim_params() -> None:
     static, dyn = zoo.build("bert_base"), zoo.build("bert_base_dynamic")
     assert _dims_of(dyn) == {"embeddings": ["batch", "seq", 768]}
