@@ -417,14 +417,23 @@ def _tiny_gpt():  # noqa: ANN202 - torch.nn.Module
     return torch, TinyGPT().eval()
 
 
-def test_torch_exported_gpt_imports_to_a_symbolic_graph(tmp_path) -> None:
+@pytest.mark.parametrize("exporter", ["torchscript", pytest.param("dynamo", marks=pytest.mark.slow)])
+def test_torch_exported_gpt_imports_to_a_symbolic_graph(tmp_path, exporter: str) -> None:
     torch, module = _tiny_gpt()
-    path = tmp_path / "gpt.onnx"
     ids = torch.randint(0, 50, (2, 9))
-    torch.onnx.export(module, (ids,), str(path), input_names=["ids"], output_names=["logits"], opset_version=17,
-                      dynamic_axes={"ids": {0: "batch", 1: "seq"}, "logits": {0: "batch", 1: "seq"}},
-                      dynamo=False)
-    model = onnx.load(str(path))
+    if exporter == "torchscript":
+        path = tmp_path / "gpt.onnx"
+        torch.onnx.export(module, (ids,), str(path), input_names=["ids"], output_names=["logits"], opset_version=17,
+                          dynamic_axes={"ids": {0: "batch", 1: "seq"}, "logits": {0: "batch", 1: "seq"}},
+                          dynamo=False)
+        model = onnx.load(str(path))
+    else:
+        dims = {0: torch.export.Dim("batch", min=1, max=8), 1: torch.export.Dim("seq", min=2, max=64)}
+        model = torch.onnx.export(module, (ids,), dynamo=True, dynamic_shapes={"ids": dims}, opset_version=18,
+                                  verbose=False).model_proto
+        # the position table has 64 rows: past seq = 64 the slice is not decidable — the bound must say so
+        with pytest.raises(ModelError, match=r"cannot decide.*seq in \[1, 512\].*dynamic_bounds"):
+            import_onnx(model)
     g = import_onnx(model, dynamic_bounds={"seq": (1, 64)})
     assert g.inputs[0].shape == (batch, seq) and g.outputs[0].shape == (batch, seq, 50)
     assert g.bounds == {"batch": (1, symbolic.DEFAULT_BOUND), "seq": (1, 64)}

@@ -175,7 +175,10 @@ def decide(rel: object, what: str = "") -> bool:
             return True
         if verdict is not None and verdict[1]:
             return False
-    raise TypeError(f"cannot decide {rel} for every value of its symbols{' (' + what + ')' if what else ''}")
+    names = sorted(free_symbols(sympy.sympify(rel))) if isinstance(rel, sympy.Basic) else []
+    within = ", ".join(f"{n} in {list(bound_of(n))}" for n in names)
+    raise TypeError(f"cannot decide {rel} for every value of its symbols ({within}; `dynamic_bounds=` narrows "
+                    f"them){': ' + what if what else ''}")
 
 
 # -- shape tensors holding dims (NumPy object arrays) ---------------------------------------------------------
