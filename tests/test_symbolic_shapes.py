@@ -439,3 +439,21 @@ def test_torch_exported_gpt_imports_to_a_symbolic_graph(tmp_path, exporter: str)
     assert g.bounds == {"batch": (1, symbolic.DEFAULT_BOUND), "seq": (1, 64)}
     check_against_static(model, [{"batch": 1, "seq": 1}, {"batch": 2, "seq": 9}, {"batch": 3, "seq": 64}],
                          bounds={"seq": (1, 64)})
+
+
+def test_conv1d_over_a_symbolic_length_with_a_folded_pad() -> None:
+    """fold_pad (a zero Pad of the length axis into the conv) and conv1d_as_2d (the 1-D conv as a 2-D conv of
+    height 1 between Reshape views of [b, c, 1, seq]) on a symbolic sequence length."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Pad", ["x", "pads"], ["p"], name="pad"),
+             helper.make_node("Conv", ["p", "w", "bias"], ["c"], name="conv1d", kernel_shape=[3]),
+             helper.make_node("Relu", ["c"], ["y"], name="relu")]
+    inits = [_i64("pads", [0, 0, 1, 0, 0, 1]), numpy_helper.from_array(rng.standard_normal((32, 16, 3)).astype(
+        np.float32), "w"), numpy_helper.from_array(rng.standard_normal(32).astype(np.float32), "bias")]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16, "seq"])
+    model = _model(nodes, [x], inits)
+    g = check_against_static(model, [{"batch": 1, "seq": 1}, {"batch": 2, "seq": 37}, {"batch": 3, "seq": 100}],
+                             bounds={"seq": (1, 128), "batch": (1, 4)})
+    assert "Pad" not in {n.op for n in g.nodes}
+    assert g.outputs[0].shape == (batch, 32, seq)
+    assert any(n.op in ("Conv", "PackedConv") and len(n.outputs[0].shape) >= 4 for n in g.nodes)
