@@ -246,6 +246,8 @@ def test_symbol_conflicts_name_node_and_dims() -> None:
         import_onnx(_two_input_model(["n", 4], [8, 4]))  # a symbol against a static 8: not provably equal
     g = import_onnx(_two_input_model(["n", 4], [1, 4]))  # n with 1: n
     assert g.outputs[0].shape == (symbolic.symbol("n"), 4)
+    g = import_onnx(_two_input_model(["n", 4], [8, 4]), dynamic_bounds={"n": (8, 8)})  # bounds force n == 8
+    assert g.outputs[0].shape in ((8, 4), (symbolic.symbol("n"), 4))
 
 
 def _model(nodes: list, inputs: list, inits: list | None = None, opset: int = 17) -> onnx.ModelProto:

@@ -151,11 +151,15 @@ def prod(dims: Iterable[object]) -> Dim:
 
 
 def equal(a: object, b: object) -> bool:
-    """True when two dims are provably equal for every value of their symbols."""
+    """True when two dims are provably equal for every value of their symbols within the bounds in force (s and 8
+    are equal where s is bounded to (8, 8))."""
     a, b = normalize(a), normalize(b)
     if isinstance(a, int) and isinstance(b, int):
         return a == b
-    return a == b or sympy.simplify(sympy.sympify(a) - b) == 0
+    if a == b:
+        return True
+    diff = normalize(sympy.simplify(sympy.sympify(a) - b))
+    return diff == 0 or (not isinstance(diff, int) and lower(diff) == upper(diff) == 0)
 
 
 def decide(rel: object, what: str = "") -> bool:
