@@ -95,11 +95,16 @@ def bound_of(name: str, bounds: Bounds | None = None) -> tuple[int, int]:
 
 def _corners(d: sympy.Expr, bounds: Bounds | None) -> list[int]:
     syms = sorted(d.free_symbols, key=lambda s: s.name)
+    return list(_corner_values(d, tuple(syms), tuple(bound_of(s.name, bounds) for s in syms)))
+
+
+@functools.lru_cache(maxsize=1 << 16)  # the type rules ask for the same dims' extremes over and over
+def _corner_values(d: sympy.Expr, syms: tuple[sympy.Symbol, ...], box: tuple[tuple[int, int], ...]) -> tuple[int, ...]:
     values = []
-    for corner in itertools.product(*(bound_of(s.name, bounds) for s in syms)):
-        v = d.subs(dict(zip(syms, corner)))
+    for corner in itertools.product(*box):
+        v = d.xreplace({s: sympy.Integer(c) for s, c in zip(syms, corner)})
         values.append(int(sympy.floor(v)) if v.is_Number else _fail(d, corner))
-    return values
+    return tuple(values)
 
 
 def _fail(d: sympy.Expr, corner: tuple[int, ...]) -> int:
