@@ -103,7 +103,7 @@ def _corner_values(d: sympy.Expr, syms: tuple[sympy.Symbol, ...], box: tuple[tup
     values = []
     for corner in itertools.product(*box):
         v = d.xreplace({s: sympy.Integer(c) for s, c in zip(syms, corner)})
-        values.append(int(sympy.floor(v)) if v.is_Number else _fail(d, corner))
+        values.append(int(sympy.floor(v)) if v.is_Number and v.is_finite else _fail(d, corner))
     return tuple(values)
 
 
@@ -164,7 +164,12 @@ def equal(a: object, b: object) -> bool:
     if a == b:
         return True
     diff = normalize(sympy.simplify(sympy.sympify(a) - b))
-    return diff == 0 or (not isinstance(diff, int) and lower(diff) == upper(diff) == 0)
+    if isinstance(diff, int):
+        return diff == 0
+    try:
+        return lower(diff) == upper(diff) == 0
+    except ValueError:  # undefined somewhere in the box (a division by a dim that can be 0): not provably equal
+        return False
 
 
 def decide(rel: object, what: str = "") -> bool:
