@@ -459,3 +459,18 @@ def test_conv1d_over_a_symbolic_length_with_a_folded_pad() -> None:
     assert "Pad" not in {n.op for n in g.nodes}
     assert g.outputs[0].shape == (batch, 32, seq)
     assert any(n.op in ("Conv", "PackedConv") and len(n.outputs[0].shape) >= 4 for n in g.nodes)
+
+
+def test_bind_reads_symbols_off_the_fed_shapes_and_refuses_disagreements() -> None:
+    inputs = [("ids", (batch, seq)), ("mask", (batch, 1, seq)), ("pos", (2 * seq, 4))]
+    bounds = {"batch": (1, 4), "seq": (1, 512)}
+    assert symbolic.bind(inputs, {"ids": (2, 7), "mask": (2, 1, 7), "pos": (14, 4)}, bounds) == {"batch": 2, "seq": 7}
+    for shapes, match in [({"ids": (2, 7), "mask": (2, 1, 8), "pos": (14, 4)}, r"'mask' axis 2: symbol 'seq' = 8, "
+                                                                               r"but input 'ids' axis 1 gave it 7"),
+                          ({"ids": (5, 7), "mask": (5, 1, 7), "pos": (14, 4)}, r"'batch' = 5 is outside .*\[1, 4\]"),
+                          ({"ids": (2, 7), "mask": (2, 2, 7), "pos": (14, 4)}, r"'mask' axis 1: size 2, expected 1"),
+                          ({"ids": (2, 7), "mask": (2, 1, 7), "pos": (15, 4)}, r"'pos' axis 0: size 15, expected "
+                                                                               r"2\*seq = 14"),
+                          ({"ids": (2, 7, 1), "mask": (2, 1, 7), "pos": (14, 4)}, r"'ids': rank 3")]:
+        with pytest.raises(ValueError, match=match):
+            symbolic.bind(inputs, shapes, bounds)

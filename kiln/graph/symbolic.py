@@ -227,3 +227,41 @@ def substitute(obj: object, values: dict[str, int]) -> object:
     if isinstance(obj, dict):
         return {k: substitute(v, values) for k, v in obj.items()}
     return obj
+
+
+def bind(inputs: Iterable[tuple[str, tuple[Dim, ...]]], shapes: dict[str, tuple[int, ...]],
+         bounds: Bounds) -> dict[str, int]:
+    """Each symbol's value for one run, read off the actual input shapes: `inputs` is (name, declared shape) per
+    graph input, `shapes` the fed shapes by name. A rank or static dim that differs, a symbol two inputs give two
+    values, a value outside the symbol's bounds, or a dim that is an expression of symbols (3*seq) that does not
+    evaluate to the fed size is a ValueError saying which input, axis and symbol — before anything runs."""
+    inputs = list(inputs)
+    values: dict[str, int] = {}
+    where: dict[str, str] = {}
+    for name, declared in inputs:
+        got = tuple(int(d) for d in shapes[name])
+        if len(got) != len(declared):
+            raise ValueError(f"input '{name}': rank {len(got)} {list(got)}, expected {shape_str(declared)}")
+        for axis, (d, n) in enumerate(zip(declared, got)):
+            if isinstance(d, sympy.Symbol):
+                if d.name in values and values[d.name] != n:
+                    raise ValueError(f"input '{name}' axis {axis}: symbol '{d.name}' = {n}, but {where[d.name]} "
+                                     f"gave it {values[d.name]}")
+                lo, hi = bound_of(d.name, bounds)
+                if not lo <= n <= hi:
+                    raise ValueError(f"input '{name}' axis {axis}: symbol '{d.name}' = {n} is outside its bounds "
+                                     f"[{lo}, {hi}] (compile with dynamic_bounds= to widen them)")
+                values.setdefault(d.name, n)
+                where.setdefault(d.name, f"input '{name}' axis {axis}")
+            elif is_static(d) and d != n:
+                raise ValueError(f"input '{name}' axis {axis}: size {n}, expected {d}")
+    for name, declared in inputs:  # dims that are expressions: checked once every plain symbol has its value
+        for axis, d in enumerate(declared):
+            if not is_static(d) and not isinstance(d, sympy.Symbol):
+                n = int(shapes[name][axis])
+                if free_symbols(d) - set(values):
+                    raise ValueError(f"input '{name}' axis {axis}: dim {dim_str(d)} has symbols no input gives alone")
+                if evaluate(d, values) != n:
+                    raise ValueError(f"input '{name}' axis {axis}: size {n}, expected {dim_str(d)} = "
+                                     f"{evaluate(d, values)}")
+    return values
