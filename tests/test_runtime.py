@@ -157,13 +157,15 @@ def test_shape_mismatch_is_a_model_error() -> None:
         kiln.compile(m, cache=False)
 
 
-def test_symbolic_input_needs_a_shape_and_then_compiles() -> None:
+def test_symbolic_input_imports_as_a_symbol_and_pinned_compiles() -> None:
+    from kiln.frontend.onnx import import_onnx
+    from kiln.graph import symbolic
+
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 19])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 19])
     g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    with pytest.raises(ValueError, match="symbolic dimensions"):
-        kiln.compile(m, cache=False)
+    assert import_onnx(m).inputs[0].shape == (symbolic.symbol("batch"), 19)  # no longer refused at import
     exe = kiln.compile(m, cache=False, input_shapes={"x": (3, 19)})
     x = np.random.default_rng(3).standard_normal((3, 19)).astype(np.float32)
     np.testing.assert_array_equal(exe.run({"x": x})[0], np.maximum(x, 0))

@@ -177,6 +177,7 @@ def test_bert_base_symbolic_batch_and_seq_match_static() -> None:
     assert g.inputs[0].shape == (batch, seq, 768)
 
 
+@pytest.mark.slow
 def test_bert_base_dynamic_is_bert_base_with_dim_params() -> None:
     static, dyn = zoo.build("bert_base"), zoo.build("bert_base_dynamic")
     assert _dims_of(dyn) == {"embeddings": ["batch", "seq", 768]}
@@ -245,6 +246,8 @@ def test_symbol_conflicts_name_node_and_dims() -> None:
         import_onnx(_two_input_model(["n", 4], [8, 4]))  # a symbol against a static 8: not provably equal
     g = import_onnx(_two_input_model(["n", 4], [1, 4]))  # n with 1: n
     assert g.outputs[0].shape == (symbolic.symbol("n"), 4)
+    g = import_onnx(_two_input_model(["n", 4], [8, 4]), dynamic_bounds={"n": (8, 8)})  # bounds force n == 8
+    assert g.outputs[0].shape in ((8, 4), (symbolic.symbol("n"), 4))
 
 
 def _model(nodes: list, inputs: list, inits: list | None = None, opset: int = 17) -> onnx.ModelProto:
@@ -416,16 +419,58 @@ def _tiny_gpt():  # noqa: ANN202 - torch.nn.Module
     return torch, TinyGPT().eval()
 
 
-def test_torch_exported_gpt_imports_to_a_symbolic_graph(tmp_path) -> None:
+@pytest.mark.parametrize("exporter", ["torchscript", pytest.param("dynamo", marks=pytest.mark.slow)])
+def test_torch_exported_gpt_imports_to_a_symbolic_graph(tmp_path, exporter: str) -> None:
     torch, module = _tiny_gpt()
-    path = tmp_path / "gpt.onnx"
     ids = torch.randint(0, 50, (2, 9))
-    torch.onnx.export(module, (ids,), str(path), input_names=["ids"], output_names=["logits"], opset_version=17,
-                      dynamic_axes={"ids": {0: "batch", 1: "seq"}, "logits": {0: "batch", 1: "seq"}},
-                      dynamo=False)
-    model = onnx.load(str(path))
+    if exporter == "torchscript":
+        path = tmp_path / "gpt.onnx"
+        torch.onnx.export(module, (ids,), str(path), input_names=["ids"], output_names=["logits"], opset_version=17,
+                          dynamic_axes={"ids": {0: "batch", 1: "seq"}, "logits": {0: "batch", 1: "seq"}},
+                          dynamo=False)
+        model = onnx.load(str(path))
+    else:
+        dims = {0: torch.export.Dim("batch", min=1, max=8), 1: torch.export.Dim("seq", min=2, max=64)}
+        model = torch.onnx.export(module, (ids,), dynamo=True, dynamic_shapes={"ids": dims}, opset_version=18,
+                                  verbose=False).model_proto
+        # the position table has 64 rows: past seq = 64 the slice is not decidable — the bound must say so
+        with pytest.raises(ModelError, match=r"cannot decide.*seq in \[1, 512\].*dynamic_bounds"):
+            import_onnx(model)
     g = import_onnx(model, dynamic_bounds={"seq": (1, 64)})
     assert g.inputs[0].shape == (batch, seq) and g.outputs[0].shape == (batch, seq, 50)
     assert g.bounds == {"batch": (1, symbolic.DEFAULT_BOUND), "seq": (1, 64)}
     check_against_static(model, [{"batch": 1, "seq": 1}, {"batch": 2, "seq": 9}, {"batch": 3, "seq": 64}],
                          bounds={"seq": (1, 64)})
+
+
+def test_conv1d_over_a_symbolic_length_with_a_folded_pad() -> None:
+    """fold_pad (a zero Pad of the length axis into the conv) and conv1d_as_2d (the 1-D conv as a 2-D conv of
+    height 1 between Reshape views of [b, c, 1, seq]) on a symbolic sequence length."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Pad", ["x", "pads"], ["p"], name="pad"),
+             helper.make_node("Conv", ["p", "w", "bias"], ["c"], name="conv1d", kernel_shape=[3]),
+             helper.make_node("Relu", ["c"], ["y"], name="relu")]
+    inits = [_i64("pads", [0, 0, 1, 0, 0, 1]), numpy_helper.from_array(rng.standard_normal((32, 16, 3)).astype(
+        np.float32), "w"), numpy_helper.from_array(rng.standard_normal(32).astype(np.float32), "bias")]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16, "seq"])
+    model = _model(nodes, [x], inits)
+    g = check_against_static(model, [{"batch": 1, "seq": 1}, {"batch": 2, "seq": 37}, {"batch": 3, "seq": 100}],
+                             bounds={"seq": (1, 128), "batch": (1, 4)})
+    assert "Pad" not in {n.op for n in g.nodes}
+    assert g.outputs[0].shape == (batch, 32, seq)
+    assert any(n.op in ("Conv", "PackedConv") and len(n.outputs[0].shape) >= 4 for n in g.nodes)
+
+
+def test_bind_reads_symbols_off_the_fed_shapes_and_refuses_disagreements() -> None:
+    inputs = [("ids", (batch, seq)), ("mask", (batch, 1, seq)), ("pos", (2 * seq, 4))]
+    bounds = {"batch": (1, 4), "seq": (1, 512)}
+    assert symbolic.bind(inputs, {"ids": (2, 7), "mask": (2, 1, 7), "pos": (14, 4)}, bounds) == {"batch": 2, "seq": 7}
+    for shapes, match in [({"ids": (2, 7), "mask": (2, 1, 8), "pos": (14, 4)}, r"'mask' axis 2: symbol 'seq' = 8, "
+                                                                               r"but input 'ids' axis 1 gave it 7"),
+                          ({"ids": (5, 7), "mask": (5, 1, 7), "pos": (14, 4)}, r"'batch' = 5 is outside .*\[1, 4\]"),
+                          ({"ids": (2, 7), "mask": (2, 2, 7), "pos": (14, 4)}, r"'mask' axis 1: size 2, expected 1"),
+                          ({"ids": (2, 7), "mask": (2, 1, 7), "pos": (15, 4)}, r"'pos' axis 0: size 15, expected "
+                                                                               r"2\*seq = 14"),
+                          ({"ids": (2, 7, 1), "mask": (2, 1, 7), "pos": (14, 4)}, r"'ids': rank 3")]:
+        with pytest.raises(ValueError, match=match):
+            symbolic.bind(inputs, shapes, bounds)

@@ -430,10 +430,15 @@ def _infer(op: str, types: list[TensorType], attrs: dict[str, Any], node_name: s
                 raise ModelError(f"node '{node_name}' ({op}): negative dimension in {t}")
             check_size(float(np.prod(t.shape, dtype=np.float64)) * np.dtype(t.dtype).itemsize, node_name)
             continue
-        if any(symbolic.lower(d) < 0 for d in t.shape):
+        try:
+            negative = any(symbolic.lower(d) < 0 for d in t.shape)
+            nbytes = symbolic.upper(t.nbytes)
+        except ValueError as e:  # a dim undefined somewhere within the bounds (divided by a dim that can be 0)
+            raise ModelError(f"node '{node_name}' ({op}): {t}: {e}") from None
+        if negative:
             raise ModelError(f"node '{node_name}' ({op}): dimension negative within bounds "
                              f"{symbolic.current_bounds()} in {t}")
-        check_size(float(symbolic.upper(t.nbytes)), node_name)  # planned at the upper bounds
+        check_size(float(nbytes), node_name)  # planned at the upper bounds
     return out
 
 

@@ -98,14 +98,12 @@ def _corners(d: sympy.Expr, bounds: Bounds | None) -> list[int]:
     return list(_corner_values(d, tuple(syms), tuple(bound_of(s.name, bounds) for s in syms)))
 
 
-@functools.lru_cache(maxsize=1 << 16)
+@functools.lru_cache(maxsize=1 << 16)  # the type rules ask for the same dims' extremes over and over
 def _corner_values(d: sympy.Expr, syms: tuple[sympy.Symbol, ...], box: tuple[tuple[int, int], ...]) -> tuple[int, ...]:
-    """Memoized: graph.verify() re-infers every node after every pass, and sympy's subs is slow (bert_base with
-    symbolic batch × seq: 39k substitutions, 2.8 of its 3.5 s of graph passes, before this cache)."""
     values = []
     for corner in itertools.product(*box):
-        v = d.subs(dict(zip(syms, corner)))
-        values.append(int(sympy.floor(v)) if v.is_Number else _fail(d, corner))
+        v = d.xreplace({s: sympy.Integer(c) for s, c in zip(syms, corner)})
+        values.append(int(sympy.floor(v)) if v.is_Number and v.is_finite else _fail(d, corner))
     return tuple(values)
 
 
@@ -158,11 +156,20 @@ def prod(dims: Iterable[object]) -> Dim:
 
 
 def equal(a: object, b: object) -> bool:
-    """True when two dims are provably equal for every value of their symbols."""
+    """True when two dims are provably equal for every value of their symbols within the bounds in force (s and 8
+    are equal where s is bounded to (8, 8))."""
     a, b = normalize(a), normalize(b)
     if isinstance(a, int) and isinstance(b, int):
         return a == b
-    return a == b or sympy.simplify(sympy.sympify(a) - b) == 0
+    if a == b:
+        return True
+    diff = normalize(sympy.simplify(sympy.sympify(a) - b))
+    if isinstance(diff, int):
+        return diff == 0
+    try:
+        return lower(diff) == upper(diff) == 0
+    except ValueError:  # undefined somewhere in the box (a division by a dim that can be 0): not provably equal
+        return False
 
 
 def decide(rel: object, what: str = "") -> bool:
@@ -182,7 +189,10 @@ def decide(rel: object, what: str = "") -> bool:
             return True
         if verdict is not None and verdict[1]:
             return False
-    raise TypeError(f"cannot decide {rel} for every value of its symbols{' (' + what + ')' if what else ''}")
+    names = sorted(free_symbols(sympy.sympify(rel))) if isinstance(rel, sympy.Basic) else []
+    within = ", ".join(f"{n} in {list(bound_of(n))}" for n in names)
+    raise TypeError(f"cannot decide {rel} for every value of its symbols ({within}; `dynamic_bounds=` narrows "
+                    f"them){': ' + what if what else ''}")
 
 
 # -- shape tensors holding dims (NumPy object arrays) ---------------------------------------------------------
@@ -217,3 +227,41 @@ def substitute(obj: object, values: dict[str, int]) -> object:
     if isinstance(obj, dict):
         return {k: substitute(v, values) for k, v in obj.items()}
     return obj
+
+
+def bind(inputs: Iterable[tuple[str, tuple[Dim, ...]]], shapes: dict[str, tuple[int, ...]],
+         bounds: Bounds) -> dict[str, int]:
+    """Each symbol's value for one run, read off the actual input shapes: `inputs` is (name, declared shape) per
+    graph input, `shapes` the fed shapes by name. A rank or static dim that differs, a symbol two inputs give two
+    values, a value outside the symbol's bounds, or a dim that is an expression of symbols (3*seq) that does not
+    evaluate to the fed size is a ValueError saying which input, axis and symbol — before anything runs."""
+    inputs = list(inputs)
+    values: dict[str, int] = {}
+    where: dict[str, str] = {}
+    for name, declared in inputs:
+        got = tuple(int(d) for d in shapes[name])
+        if len(got) != len(declared):
+            raise ValueError(f"input '{name}': rank {len(got)} {list(got)}, expected {shape_str(declared)}")
+        for axis, (d, n) in enumerate(zip(declared, got)):
+            if isinstance(d, sympy.Symbol):
+                if d.name in values and values[d.name] != n:
+                    raise ValueError(f"input '{name}' axis {axis}: symbol '{d.name}' = {n}, but {where[d.name]} "
+                                     f"gave it {values[d.name]}")
+                lo, hi = bound_of(d.name, bounds)
+                if not lo <= n <= hi:
+                    raise ValueError(f"input '{name}' axis {axis}: symbol '{d.name}' = {n} is outside its bounds "
+                                     f"[{lo}, {hi}] (compile with dynamic_bounds= to widen them)")
+                values.setdefault(d.name, n)
+                where.setdefault(d.name, f"input '{name}' axis {axis}")
+            elif is_static(d) and d != n:
+                raise ValueError(f"input '{name}' axis {axis}: size {n}, expected {d}")
+    for name, declared in inputs:  # dims that are expressions: checked once every plain symbol has its value
+        for axis, d in enumerate(declared):
+            if not is_static(d) and not isinstance(d, sympy.Symbol):
+                n = int(shapes[name][axis])
+                if free_symbols(d) - set(values):
+                    raise ValueError(f"input '{name}' axis {axis}: dim {dim_str(d)} has symbols no input gives alone")
+                if evaluate(d, values) != n:
+                    raise ValueError(f"input '{name}' axis {axis}: size {n}, expected {dim_str(d)} = "
+                                     f"{evaluate(d, values)}")
+    return values

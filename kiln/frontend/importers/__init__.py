@@ -28,6 +28,10 @@ def importer(*names: str) -> Callable[[Importer], Importer]:
             never a stray IndexError/TypeError/ZeroDivisionError from the import function."""
             try:
                 return fn(cx, ins)
+            except ModelError as e:  # from a shape rule the importer called directly: name the node
+                if "node '" in str(e):
+                    raise
+                raise ModelError(f"node '{cx.name}' ({cx.node.op_type}, opset {cx.opset}): {e}") from None
             except KilnError:
                 raise
             except (IndexError, KeyError, TypeError, ValueError, ZeroDivisionError, AttributeError,

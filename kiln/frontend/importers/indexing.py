@@ -4,6 +4,7 @@ from __future__ import annotations
 from kiln.errors import ModelError
 from kiln.frontend.importers import _axis, importer
 from kiln.frontend.onnx import Ctx
+from kiln.graph import symbolic
 from kiln.graph.ir import Value
 
 
@@ -60,8 +61,9 @@ def imp_topk(cx: Ctx, ins: list[Value | None]) -> list[Value]:
     x = ins[0]
     axis = _axis(cx.attr("axis", -1), len(x.shape), cx)
     k = int(cx.attr("k")) if cx.opset < 10 else int(cx.const(ins[1], "K").reshape(-1)[0])
-    if not 0 <= k <= x.shape[axis]:
-        raise ModelError(f"node '{cx.name}': TopK k={k} for an axis of size {x.shape[axis]}")
+    if not 0 <= k <= symbolic.lower(x.shape[axis]):  # a symbolic axis: k must fit its smallest size
+        raise ModelError(f"node '{cx.name}': TopK k={k} for an axis of size {symbolic.dim_str(x.shape[axis])}"
+                         + ("" if symbolic.is_static(x.shape[axis]) else f" (≥ {symbolic.lower(x.shape[axis])})"))
     idx = cx.add("TopKIndex", [x], axis=axis, k=k, largest=int(cx.attr("largest", 1)))
     return [cx.add("GatherElements", [x, idx], axis=axis), idx]
 
