@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from conftest import assert_close, run_ort, width_runs
 from onnx import TensorProto as T
 from onnx import helper, numpy_helper
 
 import kiln
+from conftest import assert_close, run_ort, width_runs
 from kiln.errors import BoundsError, ModelError
 
 RTOL = 1e-4
