@@ -101,7 +101,10 @@ def fuse_contiguous_axes(c: Compute, shape_of: Callable[[str], tuple[int, ...]])
         for ld in accesses:
             flat = flat_index(ld.index, shape_of(ld.buf))
             ca, cb = coef(flat, a), coef(flat, b)
-            if ca is None or cb is None or ca != cb * B or any(_uses(i, (a, b)) for i in _index_loads(ld)):
+            # an outer axis of extent 1 (a batch lowered per sample) fuses whatever its stride: a is always 0
+            lone = c.extents[-2] == 1 and ca is not None
+            if ca is None or cb is None or (ca != cb * B and not lone) or \
+                    any(_uses(i, (a, b)) for i in _index_loads(ld)):
                 ok = False
                 break
             rewritten[ld] = Load(ld.buf, (substitute(flat, {a: Const(0, "int64"), b: f}),), ld.dtype)

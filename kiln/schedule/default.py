@@ -145,6 +145,8 @@ def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: i
     if len(chain) == 1 and vec_out:  # a single vector axis: parallel chunks of whole vectors
         n = n_inner
         chunk = max(lanes, -(-n // (threads * int(dec.knob("parallel_min", 4, powers_of_two(1, 64))))))
+        if symbolic:  # planned for the upper bound, a chunk would hold all of a short run: chunks of a fixed size
+            chunk = max(lanes, SYMBOLIC_CHUNK)
         chunk = -(-chunk // lanes) * lanes
         if chunk >= n:
             return rebuild(chain, cur)
@@ -212,6 +214,10 @@ def schedule_symbolic(k: Kernel, c: Compute, tag: str, target: Target, threads: 
     return schedule_compute(k, Compute(c.out, c.axes, c.extents, c.body, c.store, plain), tag, target, threads,
                             {**options, "register_tile": False}, dec, symbolic_ok=True)
 
+
+# elements per parallel chunk of a vector loop over a run-time extent (the pool then deals the chunks out: a
+# 16-token GELU gets 24 of them, a 512-token one 768)
+SYMBOLIC_CHUNK = 2048
 
 # rows of the register tiles a symbolic M dispatches between at run time, beside the full tile: one row (a decode
 # step: a matrix-vector product, one output row per weight panel pass). A few rows (2 … MR−1) run the full tile with
