@@ -4,6 +4,7 @@ Attributes are normalized by the frontend (explicit axes, pads, shapes), so ever
 or a short function and no rule knows about ONNX opsets."""
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -431,8 +432,7 @@ def _infer(op: str, types: list[TensorType], attrs: dict[str, Any], node_name: s
             check_size(float(np.prod(t.shape, dtype=np.float64)) * np.dtype(t.dtype).itemsize, node_name)
             continue
         try:
-            negative = any(symbolic.lower(d) < 0 for d in t.shape)
-            nbytes = symbolic.upper(t.nbytes)
+            negative, nbytes = _symbolic_extent(t, tuple(sorted(symbolic.current_bounds().items())))
         except ValueError as e:  # a dim undefined somewhere within the bounds (divided by a dim that can be 0)
             raise ModelError(f"node '{node_name}' ({op}): {t}: {e}") from None
         if negative:
@@ -440,6 +440,13 @@ def _infer(op: str, types: list[TensorType], attrs: dict[str, Any], node_name: s
                              f"{symbolic.current_bounds()} in {t}")
         check_size(float(nbytes), node_name)  # planned at the upper bounds
     return out
+
+
+@functools.lru_cache(maxsize=1 << 14)  # verify() re-infers every node after every pass: the same types recur
+def _symbolic_extent(t: TensorType, bounds: tuple[tuple[str, tuple[int, int]], ...]) -> tuple[bool, int]:
+    """Whether a dim of `t` can be negative within `bounds`, and its largest size in bytes there."""
+    b = dict(bounds)
+    return any(symbolic.lower(d, b) < 0 for d in t.shape), symbolic.upper(t.nbytes, b)
 
 
 def evaluate(op: str, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray] | None:

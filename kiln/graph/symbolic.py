@@ -149,6 +149,11 @@ def shape_str(shape: Iterable[object]) -> str:
 
 
 def prod(dims: Iterable[object]) -> Dim:
+    return _prod(tuple(dims))
+
+
+@functools.lru_cache(maxsize=1 << 16)  # the element count of the same symbolic shapes, asked at every verify
+def _prod(dims: tuple[object, ...]) -> Dim:
     out: Dim = 1
     for d in dims:
         out = out * normalize(d)
