@@ -78,8 +78,8 @@ def report(name: str, rounds: int, threads: int, gap: float, sizes: list[tuple[i
         err = max(float(np.max(np.abs(r - g)) / max(float(np.max(np.abs(r))), 1e-30)) for r, g in zip(ref, got))
         if err > TOLERANCE:
             raise SystemExit(f"{name} {size}: Kiln dynamic differs from onnxruntime by {err:.2e} > {TOLERANCE}")
-        systems = {"dynamic": lambda: dyn.run(feeds), "static": lambda: static.run(feeds),
-                   "onnxruntime": lambda: sess.run(None, feeds)}
+        systems = {"dynamic": lambda f=feeds: dyn.run(f), "static": lambda f=feeds, s=static: s.run(f),
+                   "onnxruntime": lambda f=feeds: sess.run(None, f)}
         one = statistics.median(timed(systems["dynamic"], 0.0))
         budget = min(1.0, max(0.2, 3 * one))
         samples: dict[str, list[float]] = {k: [] for k in systems}
