@@ -241,3 +241,24 @@ def test_bf16_with_symbolic_dims_runs_emulated_and_says_so() -> None:
         feeds = _feeds(model, size, i)
         for g, w in zip(exe.run(feeds), run_ort(model, feeds)):
             assert_close(g, w, 2e-2, f"bf16 at {size}")
+
+
+def test_reshape_is_a_view_only_where_symbolic_dims_map_one_to_one() -> None:
+    from kiln.graph.symbolic import symbol
+    from kiln.kernel.dynamic import reshape_is_view
+    b, s = symbol("b"), symbol("s")
+    assert reshape_is_view((b, s, 768), (b, s, 12, 64))      # heads split: static dims regroup
+    assert reshape_is_view((b, s, 12, 64), (b, s, 768))
+    assert reshape_is_view((1, s, 768), (s, 768))            # size-1 dims carry no layout
+    assert reshape_is_view((b, 2048, 1, 1), (b, 2048))       # Flatten after a global pool
+    assert not reshape_is_view((b, s, 768), (b * s, 768))    # merges two symbolic dims: a copy
+    assert not reshape_is_view((s, 6), (s * 2, 3))           # splits a symbolic run
+    assert not reshape_is_view((b, s), (s, b))
+
+
+def test_per_sample_split_needs_a_batch_no_op_mixes() -> None:
+    from kiln.frontend.onnx import import_onnx
+    from kiln.kernel.dynamic import per_sample
+    assert per_sample(import_onnx(attention_model())) == "batch"
+    assert per_sample(import_onnx(conv_model())) == "batch"
+    assert per_sample(import_onnx(batch_mixing_model())) is None  # Softmax over axis 0
