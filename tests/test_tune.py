@@ -325,6 +325,79 @@ def test_tune_dedupes_records_everything_and_applies(tmp_path) -> None:
     assert mm[0].sig in [s for s, _ in again.skipped]  # tuned once
 
 
+def test_tune_for_a_width_builds_measures_and_keys_that_width(width: str, tmp_path, monkeypatch) -> None:
+    """`tune(target=width)` on this host: every candidate is emitted for that width's target (no vector register
+    wider than the width in the default candidate's code), every row is keyed by that width's target key (its
+    vector bits and features), and kiln.compile for the width applies the records and matches onnxruntime. A width
+    this CPU cannot run is refused by name (nothing is measured), and its object is still emitted."""
+    import json
+
+    from kiln.codegen import jit
+    from kiln.target import X86_WIDTHS, runs_here
+    from kiln.tune.measure import kernel_module, schedule_candidate
+    model, feeds = gemm(m=40, k=64, n=64)
+    t, path = resolve(width), str(tmp_path / "w.db")
+    w = main_workload(model, t)
+    asm = jit.emit_assembly(jit.optimize(kernel_module(schedule_candidate(w.kernel, t, 2, {}, {}), t), t), t)
+    widest = {512: "%zmm", 256: "%ymm", 128: "%xmm"}[X86_WIDTHS[width]]
+    assert widest in asm and not any(r in asm for r in ("%zmm", "%ymm", "%xmm") if r > widest), width
+    if not width_runs(width):
+        if not runs_here(t):  # (not under KILN_TEST_EMIT_ONLY on a CPU that does run it)
+            with pytest.raises(ValueError, match="cannot run"):
+                tune(model, budget_s=5, db=path, target=width, workers="local", progress=False)
+        check(model, feeds, 1e-4, target=width)
+        return
+    emitted: list[tuple[int, str]] = []
+    real = jit.emit_object
+    monkeypatch.setattr(jit, "emit_object", lambda mod, tg: emitted.append((tg.vector_bits, tg.features))
+                        or real(mod, tg))
+    report = tune(model, budget_s=7, db=path, per_kernel_s=5, target=width, workers="local", progress=False)
+    (res,) = [r for r in report.results if r.klass == "matmul"]
+    assert res.statuses.get("ok", 0) >= 2, res.statuses
+    assert emitted and set(emitted) == {(t.vector_bits, t.features)}
+    db = TuningDatabase(path, create=False)
+    tkey = target_key(t, 2)
+    assert db.tkeys() == [tkey] and json.loads(tkey)["vector_bits"] == X86_WIDTHS[width]
+    rows = db.measurements(res.sig)
+    assert len(rows) == res.trials and {r.tkey for r in rows} == {tkey}
+    assert db.best(res.sig, tkey) is not None
+    db.close()
+    check(model, feeds, 1e-4, target=width, tuning=path)
+
+
+def test_a_widths_record_never_applies_to_another_width(width: str, tmp_path) -> None:
+    """A depthwise conv has the same workload signature at every width, and a record tuned at one width is a
+    legal configuration at the others: only the target key keeps it to its width. Applied there (and correct
+    against onnxruntime), never at another width."""
+    from kiln.schedule.config import Decisions
+    from kiln.target import X86_WIDTHS
+    model, feeds = depthwise()
+    t = resolve(width)
+    w = main_workload(model, t)
+    space = Space(w.kernel, t, 2, {})
+    record = space.realize({**space.default, "0:block": 1, "0:chunks": 2}).config  # block 1: legal at every width
+    assert record != space.default
+    path = str(tmp_path / "d.db")
+    db = db_with_best(path, model, t, lambda sp: record if signature(sp.kernel) == w.sig else None)
+    others = [o for o in X86_WIDTHS if o != width]
+    bites = 0
+    for other in others:
+        ot = resolve(other)
+        ow = main_workload(model, ot)
+        assert ow.sig == w.sig  # the same workload: only the target key tells the records apart
+        try:
+            schedule_kernel(fresh(ow.kernel), ot, 2, {}, Decisions(record, strict=True))
+            bites += 1  # the record would be legal there
+        except IllegalConfig:
+            pass
+        assert lower(model, ot, 2, check_options({}), tuning=db).tuned == {}, other
+    assert bites >= 1  # otherwise this test could not fail
+    assert [v["sig"] for v in lower(model, t, 2, check_options({}), tuning=db).tuned.values()] == [w.sig]
+    db.close()
+    tuned = compile_tuned(model, feeds, width, path)
+    assert tuned is None or [v["config"] for v in tuned.values()] == [record]
+
+
 def test_tune_through_a_local_ray_cluster(tmp_path) -> None:
     """Candidates compile as Ray tasks on a local cluster bound to 127.0.0.1; measurement stays here."""
     pytest.importorskip("ray")
@@ -406,6 +479,39 @@ def test_bench_tuned_column_and_what_tuning_contributes() -> None:
     assert set(rows) == {"a", "b", "geometric mean"}  # c has no tuned column: not in the table
     assert "| 0.800 |" in rows["a"] and "| 1.250 |" in rows["b"]
     assert f"| {(0.8 * 1.25) ** 0.5:.3f} |" in rows["geometric mean"]
+
+
+def test_bench_tuned_widths_columns_and_their_peaks() -> None:
+    """--tuned-widths avx2 adds kiln:direct@avx2 and kiln:tuned@avx2 (compiled with target='avx2'); the table pairs
+    each width's tuned column with that width's default, a geometric mean per width, % of that width's peak."""
+    import argparse
+
+    from kiln.bench import cli
+    from kiln.bench.kiln_system import compile_kwargs
+    from kiln.bench.report import make_record, tuning_table
+
+    p = argparse.ArgumentParser()
+    cli.add_arguments(p)
+    got = [c.strategy for c in cli.contestants(p.parse_args(["--systems", "kiln", "--strategy", "kiln=direct",
+                                                             "--tuned", "--tuned-widths", "avx2,sse"]))]
+    assert got == ["direct", "tuned", "direct@avx2", "tuned@avx2", "direct@sse", "tuned@sse"]
+    assert compile_kwargs("tuned@avx2", 2) == {"num_threads": 2, "target": "avx2", "tuning": "auto"}
+    assert compile_kwargs("ukernel@sse", 2) == {"num_threads": 2, "target": "sse", "strategy": "ukernel"}
+    with pytest.raises(ValueError, match="width"):
+        compile_kwargs("tuned@avx3", 2)
+    with pytest.raises(ValueError, match="--tuned-widths"):
+        cli.contestants(p.parse_args(["--systems", "kiln", "--tuned", "--tuned-widths", "neon"]))
+
+    def rec(strategy: str, ms: float, gflops: float | None = None) -> dict:
+        return make_record("g", "kiln", strategy, 2, "1", median_ms=ms, ok=True,
+                           flops=gflops * ms * 1e6 if gflops else None)
+    recs = [rec("direct", 10.0), rec("tuned", 8.0, 400.0), rec("direct@avx2", 20.0), rec("tuned@avx2", 10.0, 200.0)]
+    table = tuning_table(recs, {"": 500.0, "avx2": 250.0})
+    rows = [line.split(" | ") for line in table[2:]]
+    assert [(r[0].strip("| "), r[1]) for r in rows] == [("g", "host"), ("g", "avx2"), ("geometric mean", "host"),
+                                                         ("geometric mean", "avx2")]
+    assert rows[0][4:6] == ["0.800", "80"] and rows[1][4:6] == ["0.500", "80"]
+    assert "| 0.500 |" in table[-1] and "| 0.800 |" in table[-2]
 
 
 def test_tune_report_table() -> None:
