@@ -111,7 +111,7 @@ def test_space_has_the_issue_knobs() -> None:
     t = resolve("avx512") if resolve("host").vector_bits == 512 else resolve("host")
     names = lambda model: {k.split(":")[1] for k in Space(main_workload(model, t).kernel, t, 2, {}).knobs}  # noqa
     g = names(gemm(m=200, k=256, n=96)[0])
-    assert {"strategy", "mr", "order", "block", "pack", "chunks"} <= g
+    assert {"strategy", "mr", "order", "block", "pack", "chunks", "prefetch"} <= g
     c = names(conv3x3(c=64, hw=14, co=64)[0])
     assert {"strategy", "mr", "order", "block", "chunks"} <= c
     s = names(softmax()[0])
@@ -123,6 +123,48 @@ def test_space_has_the_issue_knobs() -> None:
     assert cand is not None and {"0:ukr_mr", "0:mb", "0:kc", "0:ukr_order"} <= set(cand.config)
     assert "0:mr" not in cand.config  # the direct tile's rows are not consulted under ukernel
     assert space.size > 100
+
+
+@pytest.mark.parametrize("name", ["gemm", "conv3x3"])
+def test_prefetch_knob_emits_prefetches_and_keeps_numerics(name: str, width: str, tmp_path) -> None:
+    """The knob `prefetch` (schedule/prefetch.py): 0 by default (no Prefetch in the nest); a distance puts one
+    prefetch per 64-byte line of the streamed operand, `distance` reduction steps ahead, at the top of the tile's
+    reduction loop — llvm.prefetch in the IR, prefetcht0 in the code — and the tuned build still matches
+    onnxruntime (applied as a tuning record by kiln.compile)."""
+    from kiln.codegen import jit
+    from kiln.kernel.ir import Loop, Prefetch
+    from kiln.schedule.prefetch import DISTANCES
+    from kiln.tune.measure import kernel_module, schedule_candidate
+    model, feeds = MODELS[name]()
+    t = resolve(width)
+    w = main_workload(model, t)
+    space = Space(w.kernel, t, 2, {})
+    knobs = [k for k in space.knobs.values() if k.name.endswith(":prefetch")]
+    assert knobs and all(k.default == 0 and k.domain == DISTANCES for k in knobs)
+
+    def prefetches(stmts: list) -> list[tuple[Prefetch, Loop]]:
+        out = []
+        for s in stmts:
+            for attr in ("body", "orelse"):
+                out += prefetches(getattr(s, attr, []))
+            if isinstance(s, Loop):
+                out += [(p, s) for p in s.body if isinstance(p, Prefetch)]
+        return out
+    assert prefetches(schedule_candidate(w.kernel, t, 2, {}, space.default).body) == []
+    record = {**space.default, **{k.name: 8 for k in knobs}}
+    k = schedule_candidate(w.kernel, t, 2, {}, record)
+    found = prefetches(k.body)
+    assert found
+    for p, loop in found:  # in the reduction loop, 8 of its steps ahead
+        assert loop.kind in ("serial", "unroll") and any(f"({loop.var.name} + 8)" in repr(i) for i in p.index), p
+    ir_text = kernel_module(k, t)
+    assert ir_text.count('@"llvm.prefetch.p0"(ptr') >= len({repr(p) for p, _ in found}) >= 1
+    assert "prefetcht0" in jit.emit_assembly(jit.optimize(ir_text, t), t)
+    sig = w.sig
+    db = db_with_best(tmp_path / "p.db", model, t, lambda sp: record if signature(sp.kernel) == sig else None)
+    db.close()
+    tuned = compile_tuned(model, feeds, width, str(tmp_path / "p.db"))
+    assert tuned is None or [v["config"] for v in tuned.values()] == [record]
 
 
 def test_illegal_config_rejected_before_codegen() -> None:
