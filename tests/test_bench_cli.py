@@ -113,6 +113,8 @@ def test_roofline_kernels_run():
     assert "llvm.fma.v16f32" in roofline.fma_ir(8)
     assert roofline.default_accumulators("+avx2,+avx512f") == 12
     assert roofline.default_accumulators("+avx2,-avx512f") == 6
+    assert roofline.default_accumulators("+sse4.2,-avx,-avx2") == 3  # SSE: 3 × 4 xmm of 16
+    assert "llvm.fmuladd.v16f32" in roofline.fma_ir(3, fused=False)  # no FMA: a multiply and an add
     r = roofline.measure(1, quick=True)  # the triad checks its own results
     assert r.peak_gflops > 0 and r.bandwidth_gbs > 0 and r.l3_bandwidth_gbs > 0
     info = roofline.machine_info()

@@ -111,7 +111,7 @@ def test_space_has_the_issue_knobs() -> None:
     t = resolve("avx512") if resolve("host").vector_bits == 512 else resolve("host")
     names = lambda model: {k.split(":")[1] for k in Space(main_workload(model, t).kernel, t, 2, {}).knobs}  # noqa
     g = names(gemm(m=200, k=256, n=96)[0])
-    assert {"strategy", "mr", "order", "block", "pack", "chunks"} <= g
+    assert {"strategy", "mr", "order", "block", "pack", "chunks", "prefetch"} <= g
     c = names(conv3x3(c=64, hw=14, co=64)[0])
     assert {"strategy", "mr", "order", "block", "chunks"} <= c
     s = names(softmax()[0])
@@ -123,6 +123,48 @@ def test_space_has_the_issue_knobs() -> None:
     assert cand is not None and {"0:ukr_mr", "0:mb", "0:kc", "0:ukr_order"} <= set(cand.config)
     assert "0:mr" not in cand.config  # the direct tile's rows are not consulted under ukernel
     assert space.size > 100
+
+
+@pytest.mark.parametrize("name", ["gemm", "conv3x3"])
+def test_prefetch_knob_emits_prefetches_and_keeps_numerics(name: str, width: str, tmp_path) -> None:
+    """The knob `prefetch` (schedule/prefetch.py): 0 by default (no Prefetch in the nest); a distance puts one
+    prefetch per 64-byte line of the streamed operand, `distance` reduction steps ahead, at the top of the tile's
+    reduction loop — llvm.prefetch in the IR, prefetcht0 in the code — and the tuned build still matches
+    onnxruntime (applied as a tuning record by kiln.compile)."""
+    from kiln.codegen import jit
+    from kiln.kernel.ir import Loop, Prefetch
+    from kiln.schedule.prefetch import DISTANCES
+    from kiln.tune.measure import kernel_module, schedule_candidate
+    model, feeds = MODELS[name]()
+    t = resolve(width)
+    w = main_workload(model, t)
+    space = Space(w.kernel, t, 2, {})
+    knobs = [k for k in space.knobs.values() if k.name.endswith(":prefetch")]
+    assert knobs and all(k.default == 0 and k.domain == DISTANCES for k in knobs)
+
+    def prefetches(stmts: list) -> list[tuple[Prefetch, Loop]]:
+        out = []
+        for s in stmts:
+            for attr in ("body", "orelse"):
+                out += prefetches(getattr(s, attr, []))
+            if isinstance(s, Loop):
+                out += [(p, s) for p in s.body if isinstance(p, Prefetch)]
+        return out
+    assert prefetches(schedule_candidate(w.kernel, t, 2, {}, space.default).body) == []
+    record = {**space.default, **{k.name: 8 for k in knobs}}
+    k = schedule_candidate(w.kernel, t, 2, {}, record)
+    found = prefetches(k.body)
+    assert found
+    for p, loop in found:  # in the reduction loop, 8 of its steps ahead
+        assert loop.kind in ("serial", "unroll") and any(f"({loop.var.name} + 8)" in repr(i) for i in p.index), p
+    ir_text = kernel_module(k, t)
+    assert ir_text.count('@"llvm.prefetch.p0"(ptr') >= len({repr(p) for p, _ in found}) >= 1
+    assert "prefetcht0" in jit.emit_assembly(jit.optimize(ir_text, t), t)
+    sig = w.sig
+    db = db_with_best(tmp_path / "p.db", model, t, lambda sp: record if signature(sp.kernel) == sig else None)
+    db.close()
+    tuned = compile_tuned(model, feeds, width, str(tmp_path / "p.db"))
+    assert tuned is None or [v["config"] for v in tuned.values()] == [record]
 
 
 def test_illegal_config_rejected_before_codegen() -> None:
@@ -325,6 +367,81 @@ def test_tune_dedupes_records_everything_and_applies(tmp_path) -> None:
     assert mm[0].sig in [s for s, _ in again.skipped]  # tuned once
 
 
+def test_tune_for_a_width_builds_measures_and_keys_that_width(width: str, tmp_path, monkeypatch) -> None:
+    """`tune(target=width)` on this host: every candidate is emitted for that width's target (no vector register
+    wider than the width in the default candidate's code), every row is keyed by that width's target key (its
+    vector bits and features), and kiln.compile for the width applies the records and matches onnxruntime. A width
+    this CPU cannot run is refused by name (nothing is measured), and its object is still emitted."""
+    import json
+
+    from kiln.codegen import jit
+    from kiln.target import X86_WIDTHS, runs_here
+    from kiln.tune.measure import kernel_module, schedule_candidate
+    model, feeds = gemm(m=40, k=64, n=64)
+    t, path = resolve(width), str(tmp_path / "w.db")
+    w = main_workload(model, t)
+    asm = jit.emit_assembly(jit.optimize(kernel_module(schedule_candidate(w.kernel, t, 2, {}, {}), t), t), t)
+    widest = {512: "%zmm", 256: "%ymm", 128: "%xmm"}[X86_WIDTHS[width]]
+    assert widest in asm and not any(r in asm for r in ("%zmm", "%ymm", "%xmm") if r > widest), width
+    if not width_runs(width):
+        if not runs_here(t):  # (not under KILN_TEST_EMIT_ONLY on a CPU that does run it)
+            with pytest.raises(ValueError, match="cannot run"):
+                tune(model, budget_s=5, db=path, target=width, workers="local", progress=False)
+        check(model, feeds, 1e-4, target=width)
+        return
+    emitted: list[tuple[int, str]] = []
+    real = jit.emit_object
+    monkeypatch.setattr(jit, "emit_object", lambda mod, tg: emitted.append((tg.vector_bits, tg.features))
+                        or real(mod, tg))
+    report = tune(model, budget_s=7, db=path, per_kernel_s=5, target=width, workers="local", progress=False)
+    (res,) = [r for r in report.results if r.klass == "matmul"]
+    # the default and at least one search batch built — all for this width (how many are measured in the budget
+    # depends on the machine's load)
+    assert res.statuses.get("ok", 0) >= 1 and len(emitted) >= 2, (res.statuses, len(emitted))
+    assert set(emitted) == {(t.vector_bits, t.features)}
+    db = TuningDatabase(path, create=False)
+    tkey = target_key(t, 2)
+    assert db.tkeys() == [tkey] and json.loads(tkey)["vector_bits"] == X86_WIDTHS[width]
+    rows = db.measurements(res.sig)
+    assert len(rows) == res.trials and {r.tkey for r in rows} == {tkey}
+    assert db.best(res.sig, tkey) is not None
+    db.close()
+    check(model, feeds, 1e-4, target=width, tuning=path)
+
+
+def test_a_widths_record_never_applies_to_another_width(width: str, tmp_path) -> None:
+    """A depthwise conv has the same workload signature at every width, and a record tuned at one width is a
+    legal configuration at the others: only the target key keeps it to its width. Applied there (and correct
+    against onnxruntime), never at another width."""
+    from kiln.schedule.config import Decisions
+    from kiln.target import X86_WIDTHS
+    model, feeds = depthwise()
+    t = resolve(width)
+    w = main_workload(model, t)
+    space = Space(w.kernel, t, 2, {})
+    record = space.realize({**space.default, "0:block": 1, "0:chunks": 2}).config  # block 1: legal at every width
+    assert record != space.default
+    path = str(tmp_path / "d.db")
+    db = db_with_best(path, model, t, lambda sp: record if signature(sp.kernel) == w.sig else None)
+    others = [o for o in X86_WIDTHS if o != width]
+    bites = 0
+    for other in others:
+        ot = resolve(other)
+        ow = main_workload(model, ot)
+        assert ow.sig == w.sig  # the same workload: only the target key tells the records apart
+        try:
+            schedule_kernel(fresh(ow.kernel), ot, 2, {}, Decisions(record, strict=True))
+            bites += 1  # the record would be legal there
+        except IllegalConfig:
+            pass
+        assert lower(model, ot, 2, check_options({}), tuning=db).tuned == {}, other
+    assert bites >= 1  # otherwise this test could not fail
+    assert [v["sig"] for v in lower(model, t, 2, check_options({}), tuning=db).tuned.values()] == [w.sig]
+    db.close()
+    tuned = compile_tuned(model, feeds, width, path)
+    assert tuned is None or [v["config"] for v in tuned.values()] == [record]
+
+
 def test_tune_through_a_local_ray_cluster(tmp_path) -> None:
     """Candidates compile as Ray tasks on a local cluster bound to 127.0.0.1; measurement stays here."""
     pytest.importorskip("ray")
@@ -406,6 +523,39 @@ def test_bench_tuned_column_and_what_tuning_contributes() -> None:
     assert set(rows) == {"a", "b", "geometric mean"}  # c has no tuned column: not in the table
     assert "| 0.800 |" in rows["a"] and "| 1.250 |" in rows["b"]
     assert f"| {(0.8 * 1.25) ** 0.5:.3f} |" in rows["geometric mean"]
+
+
+def test_bench_tuned_widths_columns_and_their_peaks() -> None:
+    """--tuned-widths avx2 adds kiln:direct@avx2 and kiln:tuned@avx2 (compiled with target='avx2'); the table pairs
+    each width's tuned column with that width's default, a geometric mean per width, % of that width's peak."""
+    import argparse
+
+    from kiln.bench import cli
+    from kiln.bench.kiln_system import compile_kwargs
+    from kiln.bench.report import make_record, tuning_table
+
+    p = argparse.ArgumentParser()
+    cli.add_arguments(p)
+    got = [c.strategy for c in cli.contestants(p.parse_args(["--systems", "kiln", "--strategy", "kiln=direct",
+                                                             "--tuned", "--tuned-widths", "avx2,sse"]))]
+    assert got == ["direct", "tuned", "direct@avx2", "tuned@avx2", "direct@sse", "tuned@sse"]
+    assert compile_kwargs("tuned@avx2", 2) == {"num_threads": 2, "target": "avx2", "tuning": "auto"}
+    assert compile_kwargs("ukernel@sse", 2) == {"num_threads": 2, "target": "sse", "strategy": "ukernel"}
+    with pytest.raises(ValueError, match="width"):
+        compile_kwargs("tuned@avx3", 2)
+    with pytest.raises(ValueError, match="--tuned-widths"):
+        cli.contestants(p.parse_args(["--systems", "kiln", "--tuned", "--tuned-widths", "neon"]))
+
+    def rec(strategy: str, ms: float, gflops: float | None = None) -> dict:
+        return make_record("g", "kiln", strategy, 2, "1", median_ms=ms, ok=True,
+                           flops=gflops * ms * 1e6 if gflops else None)
+    recs = [rec("direct", 10.0), rec("tuned", 8.0, 400.0), rec("direct@avx2", 20.0), rec("tuned@avx2", 10.0, 200.0)]
+    table = tuning_table(recs, {"": 500.0, "avx2": 250.0})
+    rows = [line.split(" | ") for line in table[2:]]
+    assert [(r[0].strip("| "), r[1]) for r in rows] == [("g", "host"), ("g", "avx2"), ("geometric mean", "host"),
+                                                         ("geometric mean", "avx2")]
+    assert rows[0][4:6] == ["0.800", "80"] and rows[1][4:6] == ["0.500", "80"]
+    assert "| 0.500 |" in table[-1] and "| 0.800 |" in table[-2]
 
 
 def test_tune_report_table() -> None:

@@ -33,6 +33,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tuned", action="store_true",
                    help="also measure Kiln with the tuned schedules of the tuning database (`kiln tune`; the "
                    "database is $KILN_CACHE_DIR/tuning.db): column kiln:tuned, beside the untuned default")
+    p.add_argument("--tuned-widths", metavar="W1,W2", default="",
+                   help="with --tuned: also Kiln built for these narrower x86 widths of the host (avx2, sse), "
+                   "untuned and tuned (`kiln tune --target W`): columns kiln:direct@W and kiln:tuned@W, and the "
+                   "width's own FMA peak for their %% of peak")
     p.add_argument("--strategy", action="append", default=[], metavar="SPEC",
                    help="'all' (every strategy of every system) or 'system=s1,s2' or 'system=all'; "
                    "repeatable. Default: every Kiln strategy, the first of each peer")
@@ -105,12 +109,24 @@ def contestants(args: argparse.Namespace) -> list[Any]:
         else:
             out += [Contestant(KilnSystem(), ablation_strategy(o)) for o in opts]
     if getattr(args, "tuned", False):
-        from .kiln_system import TUNED
+        from .kiln_system import TUNED, WIDTH_SEP
         if not any(c.name == "kiln" for c in out):
             print("--tuned: kiln is not among the systems", file=sys.stderr)
         else:
             out.append(Contestant(KilnSystem(), TUNED))
+            out += [Contestant(KilnSystem(), f"{base}{WIDTH_SEP}{w}") for w in tuned_widths(args)
+                    for base in ("direct", TUNED)]
     return out
+
+
+def tuned_widths(args: argparse.Namespace) -> list[str]:
+    """--tuned-widths, checked: narrower x86 widths this host runs."""
+    from kiln.target import X86_WIDTHS, resolve, runs_here
+    widths = _csv(getattr(args, "tuned_widths", "") or "")
+    for w in widths:
+        if w not in X86_WIDTHS or not runs_here(resolve(w)):
+            raise ValueError(f"--tuned-widths {w}: not an x86 width this host runs ({', '.join(X86_WIDTHS)})")
+    return widths
 
 
 def precisions_of(args: argparse.Namespace) -> list[str]:
@@ -158,6 +174,14 @@ def _info(args: argparse.Namespace, names: list[str], cfg: Any) -> dict[str, Any
     if not args.no_roofline:
         print(f"measuring the roofline on {args.threads} threads ...", file=sys.stderr)
         info["roofline"] = measure(args.threads).to_dict()
+        widths = tuned_widths(args) if getattr(args, "tuned", False) else []
+        if widths:
+            from kiln.target import resolve
+
+            from .roofline import measure_peak
+            # each width's own FMA peak: % of peak of an AVX2 build is against what AVX2 code can reach
+            info["roofline"]["peak_gflops_by_width"] = {
+                w: measure_peak(args.threads, features=resolve(w).features)[0] for w in widths}
     return info
 
 

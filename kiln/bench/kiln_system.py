@@ -6,6 +6,9 @@ Strategies: "direct" is the compiler's default (vector code emitted directly); "
 (`kiln.compile(model, OPT=False)`). "tuned" (`kiln bench --tuned`) is the default strategy with the tuned
 schedules of the tuning database (`kiln tune`, `kiln.compile(tuning="auto")`); every other Kiln column compiles
 with `tuning="off"`, so "direct" is always the untuned default and "tuned ÷ direct" what tuning contributes.
+Any Kiln strategy may name a narrower x86 width of the host after "@" ("direct@avx2", "tuned@avx2",
+"ukernel@sse"): compiled with `target=` that width (`kiln bench --tuned --tuned-widths avx2` adds the
+direct@avx2 and tuned@avx2 columns), so both code paths of an AVX-512 host are measured — and tuned — on it.
 "torch-compile" is Kiln as a torch.compile backend (`torch.compile(module, backend="kiln")`, kiln/torch) on the
 torch module — a torch workload's own nn.Module, or the ONNX model translated to aten ops — compiled at the first
 call, which prepare() makes (so compile_s is the first-call compile time, as for inductor). Asked for explicitly
@@ -25,6 +28,7 @@ from .workload import Workload
 ABLATE_PREFIX = "ablate:-"
 TORCH_COMPILE = "torch-compile"
 TUNED = "tuned"
+WIDTH_SEP = "@"   # "<strategy>@<x86 width>": that strategy built for a narrower width of the host
 # What the compiler will offer; listed here so reports can say plainly which have no records yet.
 PLANNED_STRATEGIES: tuple[str, ...] = ("direct", "ukernel", "library")
 
@@ -56,9 +60,24 @@ def compiler_strategies() -> tuple[str, ...]:
     return tuple(candidates(host()))
 
 
+def split_width(strategy: str) -> tuple[str, str | None]:
+    """("tuned", "avx2") for "tuned@avx2"; (strategy, None) without a width."""
+    base, sep, width = strategy.partition(WIDTH_SEP)
+    if not sep:
+        return strategy, None
+    from kiln.target import X86_WIDTHS
+    if width not in X86_WIDTHS:
+        raise ValueError(f"Kiln strategy {strategy!r}: the width after {WIDTH_SEP!r} must be one of "
+                         f"{', '.join(X86_WIDTHS)}")
+    return base, width
+
+
 def compile_kwargs(strategy: str, threads: int) -> dict[str, Any]:
     """The keyword arguments of kiln.compile for one strategy name."""
     kwargs: dict[str, Any] = {"num_threads": threads}
+    strategy, width = split_width(strategy)
+    if width is not None:
+        kwargs["target"] = width
     if strategy.startswith(ABLATE_PREFIX):
         kwargs[strategy[len(ABLATE_PREFIX):]] = False
     elif strategy == TUNED:

@@ -218,24 +218,31 @@ def strategy_table(records: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def tuning_table(records: list[dict[str, Any]]) -> list[str]:
+def tuning_table(records: list[dict[str, Any]], peaks: dict[str, float] | None = None) -> list[str]:
     """`kiln bench --tuned`: what tuning contributes — the untuned default (direct) against the tuned build, per
-    workload and as a geometric mean."""
-    rows, ratios = [], []
+    workload and x86 width ("tuned@avx2" beside "direct@avx2", `--tuned-widths`), and each width's geometric mean.
+    `peaks` (width → GFLOP/s; "" the host's): the tuned build's % of its own width's FMA peak."""
+    rows, ratios = [], {}
     for workload, recs in by_workload(records).items():
-        ms = {s: next((r["median_ms"] for r in recs if r["system"] == "kiln" and r.get("strategy") == s
-                       and r["ok"] and r["median_ms"]), None) for s in ("direct", "tuned")}
-        if ms["tuned"] is None or ms["direct"] is None:
-            continue
-        ratios.append(ms["tuned"] / ms["direct"])
+        kiln = {r.get("strategy"): r for r in recs if r["system"] == "kiln" and r["ok"] and r["median_ms"]}
         ort = baseline_ms(recs, "onnxruntime")
-        rows.append(f"| {workload} | {ms['direct']:.4g} | {ms['tuned']:.4g} | {ratios[-1]:.3f} | "
-                    f"{_ratio(ms['tuned'], ort)} |")
+        for strategy in sorted(s for s in kiln if s.partition("@")[0] == "tuned"):   # "tuned" (the host) first
+            width = strategy.partition("@")[2]
+            direct = kiln.get("direct" + (f"@{width}" if width else ""))
+            if direct is None:
+                continue
+            tuned_ms, direct_ms = kiln[strategy]["median_ms"], direct["median_ms"]
+            ratios.setdefault(width, []).append(tuned_ms / direct_ms)
+            peak, gflops = (peaks or {}).get(width), kiln[strategy].get("gflops")
+            pct = 100.0 * gflops / peak if peak and gflops else None
+            rows.append(f"| {workload} | {width or 'host'} | {direct_ms:.4g} | {tuned_ms:.4g} | "
+                        f"{ratios[width][-1]:.3f} | {_fmt(pct, '.0f')} | {_ratio(tuned_ms, ort)} |")
     if not rows:
         return []
-    geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
-    return ["| workload | default ms | tuned ms | tuned ÷ default | tuned ÷ onnxruntime |", "|---|---:|---:|---:|---:|",
-            *rows, f"| geometric mean | | | {geo:.3f} | |"]
+    geo = [f"| geometric mean | {w or 'host'} | | | {math.exp(sum(map(math.log, r)) / len(r)):.3f} | | |"
+           for w, r in ratios.items()]
+    return ["| workload | width | default ms | tuned ms | tuned ÷ default | tuned % of the width's peak | "
+            "tuned ÷ onnxruntime |", "|---|---|---:|---:|---:|---:|---:|", *rows, *geo]
 
 
 # How each column builds its kernels, in the order the strategy section lists them (kiln.bench.systems.approach).
@@ -297,7 +304,8 @@ def to_markdown(report: RunReport) -> str:
     strat = strategy_table(report.records)
     if strat:
         lines += ["", "## Kiln's strategies: direct emission vs microkernels vs libraries", "", *strat]
-    tuned = tuning_table(report.records)
+    roof = report.info.get("roofline", {})
+    tuned = tuning_table(report.records, {"": roof.get("peak_gflops"), **roof.get("peak_gflops_by_width", {})})
     if tuned:
         lines += ["", "## What tuning contributes (kiln tune; default = the untuned direct build)", "", *tuned]
     by_approach = approach_table(report.records)

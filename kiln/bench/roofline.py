@@ -48,18 +48,20 @@ def _features() -> str:
 
 
 def default_accumulators(features: str | None = None) -> int:
-    # 12 x zmm in the 32 AVX-512 registers; without AVX-512 a v16f32 is two ymm of only 16, so 6.
-    feats = _features() if features is None else features
-    return 12 if "+avx512f" in feats.split(",") else 6
+    # 12 x zmm in the 32 AVX-512 registers; without AVX-512 a v16f32 is two ymm of only 16, so 6; SSE four xmm, 3
+    feats = (_features() if features is None else features).split(",")
+    return 12 if "+avx512f" in feats else 6 if "+avx" in feats or "+avx2" in feats else 3
 
 
-def fma_ir(accumulators: int, unroll: int = 4) -> str:
-    """void fma_peak(i64 iters, float* io): io = x[16], y[16], acc[accumulators][16]."""
+def fma_ir(accumulators: int, unroll: int = 4, fused: bool = True) -> str:
+    """void fma_peak(i64 iters, float* io): io = x[16], y[16], acc[accumulators][16]. `fused=False` (a width
+    without FMA: SSE): llvm.fmuladd, a multiply and an add — what Kiln's code for that width does."""
     import llvmlite.ir as ir
     f32, i64 = ir.FloatType(), ir.IntType(64)
     vty = ir.VectorType(f32, VEC)
     mod = ir.Module(name="kiln_roofline_fma")
-    fma = ir.Function(mod, ir.FunctionType(vty, [vty, vty, vty]), name="llvm.fma.v16f32")
+    fma = ir.Function(mod, ir.FunctionType(vty, [vty, vty, vty]),
+                      name="llvm.fma.v16f32" if fused else "llvm.fmuladd.v16f32")
     fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [i64, f32.as_pointer()]), name="fma_peak")
     iters, io = fn.args
     entry, loop, done = (fn.append_basic_block(n) for n in ("entry", "loop", "done"))
@@ -127,12 +129,12 @@ def triad_ir() -> str:
 class _Jit:
     """An MCJIT engine for the host CPU holding one module; keep it alive while calling."""
 
-    def __init__(self, ir_text: str) -> None:
+    def __init__(self, ir_text: str, features: str | None = None) -> None:
         import llvmlite.binding as llvm
         llvm.initialize_native_target()
         llvm.initialize_native_asmprinter()
         target = llvm.Target.from_default_triple()
-        self.tm = target.create_target_machine(cpu=llvm.get_host_cpu_name(), features=_features(),
+        self.tm = target.create_target_machine(cpu=llvm.get_host_cpu_name(), features=features or _features(),
                                                opt=3, codemodel="large")  # why: kiln/codegen/jit.py code_model
         mod = llvm.parse_assembly(ir_text)
         mod.verify()
@@ -168,12 +170,14 @@ def _parallel(threads: int, work: Any) -> tuple[float, list[float]]:
 
 
 def measure_peak(threads: int, seconds: float = 0.2, repeats: int = 5,
-                 accumulators: int | None = None, unroll: int = 4) -> tuple[float, float]:
+                 accumulators: int | None = None, unroll: int = 4, features: str | None = None) -> tuple[float, float]:
     """Best GFLOP/s over `repeats` runs of about `seconds` each, on `threads` threads:
     (from each thread's CPU time, from wall time). The machine is shared: another tenant's load
-    shows in wall time, while CPU time gives what the cores do when they run - the hardware peak."""
-    accs = accumulators or default_accumulators()
-    jit = _Jit(fma_ir(accs, unroll))
+    shows in wall time, while CPU time gives what the cores do when they run - the hardware peak.
+    `features`: the peak of code limited to those LLVM features (a narrower x86 width: target.host_with)."""
+    accs = accumulators or default_accumulators(features)
+    fused = "+fma" in (features or _features()).split(",")
+    jit = _Jit(fma_ir(accs, unroll, fused), features)
     fn = jit.func("fma_peak", None, ctypes.c_int64, ctypes.POINTER(ctypes.c_float))
     bufs = [np.full((2 + accs) * VEC, 0.5, dtype=np.float32) for _ in range(threads)]
     for buf in bufs:

@@ -33,7 +33,7 @@ def approach(system: Any, strategy: str = "default") -> str:
     """How a system builds its kernels, for the report's strategy section: Kiln's strategies by name, a peer by
     its `approach` attribute ('' when it does not say)."""
     if system == "kiln" or getattr(system, "name", None) == "kiln":
-        return KILN_APPROACH.get(strategy.split(":")[0], "")
+        return KILN_APPROACH.get(strategy.split(":")[0].split("@")[0], "")
     return str(getattr(system, "approach", ""))
 
 

@@ -485,7 +485,18 @@ class Call:
     args: tuple[Expr, ...]
 
 
-Stmt = Loop | Store | Local | Assign | If | Alloc | Call
+@dataclass
+class Prefetch:
+    """A software prefetch of the cache line holding buf[index] (llvm.prefetch: a hint — it never faults, so an
+    index past the buffer's end is harmless, and it changes no value). `index` is uniform (no vector lane).
+    Emitted by the schedule primitive schedule/prefetch.py."""
+    buf: str
+    index: tuple[Expr, ...]
+    write: bool = False
+    locality: int = 3   # 3: keep in every cache level (prefetcht0) … 0: no temporal locality
+
+
+Stmt = Loop | Store | Local | Assign | If | Alloc | Call | Prefetch
 
 
 @dataclass
@@ -544,6 +555,8 @@ def format_stmts(stmts: list[Stmt], depth: int) -> list[str]:
             out.append(f"{pad}alloc {s.name}: {s.dtype}{list(s.shape)}")
         elif isinstance(s, Call):
             out.append(f"{pad}call {s.fn}({', '.join(map(repr, s.args))})")
+        elif isinstance(s, Prefetch):
+            out.append(f"{pad}prefetch{'w' if s.write else ''} {s.buf}[{', '.join(map(repr, s.index))}]")
         elif isinstance(s, If):
             out.append(f"{pad}if {s.cond!r}:")
             out += format_stmts(s.body, depth + 1)

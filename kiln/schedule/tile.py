@@ -55,6 +55,8 @@ from kiln.kernel.ir import (
 )
 from kiln.schedule.config import Decisions, divisors, powers_of_two
 from kiln.schedule.guards import split_interior
+from kiln.schedule.prefetch import DISTANCES as PREFETCH_DISTANCES
+from kiln.schedule.prefetch import prefetch_ahead, streamed_loads
 from kiln.schedule.primitives import combine
 from kiln.target import Target
 
@@ -430,13 +432,19 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
         term = simplify_panels(substitute(red_body, {m_v: m_read, n_v: n_expr}), ni, t.nr)
         return substitute(term, split) if split else term
 
+    # the knob `prefetch`: the streamed operand prefetched this many reduction steps ahead (0: none; prefetch.py),
+    # a knob only where the tile has a streamed operand
+    streams = streamed_loads(tile_term(False), red_axes[-1][0], ni, mi)
+    distance = int(dec.knob("prefetch", 0, PREFETCH_DISTANCES)) if streams else 0
+
     def tile(edge: bool, term: Expr) -> Loop:
         """The MR×NR tile; `edge` rows past M read row M−1 (clamped) and are not stored."""
         acc = f"acc{tag}"
         update: Stmt = Loop(mi, Const(t.mr, "int64"),
                             [Assign(acc, combine("sum", LocalRef(acc, red.dtype, mi), term), mi)], "unroll")
         for i, (v, e) in enumerate(reversed(red_axes)):
-            update = Loop(v, as_extent(e), [update], "unroll" if i == 0 and unroll_last else "serial")
+            ahead = prefetch_ahead(term, v, ni, mi, t.nr, distance) if i == 0 else []
+            update = Loop(v, as_extent(e), [*ahead, update], "unroll" if i == 0 and unroll_last else "serial")
         out_idx = substitute_all(c.store_index, {m_v: m_expr, n_v: n_expr})
         epilogue = substitute(c.body, {red: LocalRef(acc, red.dtype, mi), m_v: m_expr, n_v: n_expr})
         store: Stmt = Store(c.out, out_idx, epilogue)
