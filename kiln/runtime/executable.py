@@ -62,6 +62,8 @@ class Executable:
             addr = ctypes.CFUNCTYPE(ctypes.c_void_p)(self._code.address(DIMS_ACCESSOR))()
             self._dims = (ctypes.c_int64 * MAX_DIMS).from_address(addr)
             self._staging: dict[tuple[str, int], np.ndarray] = {}  # max-layout copies of inputs/outputs
+            from kiln.runtime.shapes import shape_function
+            self._out_shapes = [shape_function(s.shape) for s in self.outputs]
         self._lock = threading.Lock()  # one arena: one run at a time
         self.cached = False  # kiln.compile served it from its compile cache
 
@@ -107,10 +109,10 @@ class Executable:
     def _run_dynamic(self, ins: list[np.ndarray], profile: dict[str, float] | None) -> list[np.ndarray]:
         """Bind the symbols from the inputs (checked before anything runs), place the inputs in their max layouts,
         run, and cut the outputs to their actual shapes (kernel/dynamic.py, runtime/shapes.py)."""
-        from kiln.runtime.shapes import bind, evaluate
+        from kiln.runtime.shapes import bind
         dyn = self.dynamic
         values = bind(self.inputs, ins, dyn["bounds"])
-        outs = [np.empty(tuple(evaluate(d, values) for d in s.shape), dtype=s.dtype) for s in self.outputs]
+        outs = [np.empty(shape(values), dtype=s.dtype) for s, shape in zip(self.outputs, self._out_shapes)]
         with self._lock:  # the dims array and the staging copies are the executable's, like its arena
             placed = []
             for i, (s, a, full, packed) in enumerate(zip(self.inputs, ins, dyn["max_inputs"], dyn["packed_inputs"])):
