@@ -262,3 +262,17 @@ def test_per_sample_split_needs_a_batch_no_op_mixes() -> None:
     assert per_sample(import_onnx(attention_model())) == "batch"
     assert per_sample(import_onnx(conv_model())) == "batch"
     assert per_sample(import_onnx(batch_mixing_model())) is None  # Softmax over axis 0
+
+
+def test_cli_runs_a_dynamic_model_at_the_sizes_asked(tmp_path) -> None:  # noqa: ANN001
+    import subprocess
+    import sys
+    path = tmp_path / "attn.onnx"
+    onnx.save(attention_model(), str(path))
+    r = subprocess.run([sys.executable, "-m", "kiln.cli", "run", str(path), "--check", "--no-cache",
+                        "--dims", "batch=2,seq=5"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "float32[2, 5, 32]" in r.stdout and "OK" in r.stdout
+    bad = subprocess.run([sys.executable, "-m", "kiln.cli", "run", str(path), "--no-cache", "--dims", "len=3"],
+                         capture_output=True, text=True, timeout=600)
+    assert bad.returncode != 0 and "--dims wants NAME=SIZE" in bad.stderr

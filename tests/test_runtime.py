@@ -66,6 +66,21 @@ def test_load_rejects_garbage(tmp_path) -> None:  # noqa: ANN001
         kiln.load(str(p))
 
 
+def test_load_rejects_damaged_weights(exe: kiln.Executable, tmp_path) -> None:  # noqa: ANN001
+    """The weights are read straight into their aligned buffer, still under their CRC: a flipped byte is an error."""
+    import zipfile
+    path = tmp_path / "m.kiln"
+    exe.save(str(path))
+    with zipfile.ZipFile(path) as z:
+        info = z.getinfo("weights.bin")
+    data = bytearray(path.read_bytes())
+    start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)
+    data[start + info.file_size // 2] ^= 0x40
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="CRC"):
+        kiln.load(str(path))
+
+
 def test_compile_cache_hit_is_fast_and_equal(tmp_path, monkeypatch) -> None:  # noqa: ANN001
     monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
     from kiln import zoo

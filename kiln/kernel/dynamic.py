@@ -212,9 +212,37 @@ def per_sample(graph: Graph) -> str | None:
     first = [v.shape[0] for v in graph.inputs if v.shape and not is_static(v.shape[0])]
     cands = {d.name for d in first if getattr(d, "is_Symbol", False)}
     for name in sorted(cands):
-        if _splits(graph, name):
+        if _splits(graph, name) and _row_share(graph, name) <= MAX_ROW_SHARE:
             return name
     return None
+
+
+# A per-sample split turns every matrix product whose rows ARE the samples ([batch, K] × [K, N]: an MLP, a
+# classifier head) into one matrix-vector product per sample, reading the weights once per sample. Worth it for
+# a CNN (its head is 0.1% of resnet50's work, its convs keep their static schedules), not for an MLP: split only
+# where such products are at most this share of the work.
+MAX_ROW_SHARE = 0.25
+_ANCHORS = ("MatMul", "PackedMatMul", "Conv", "PackedConv", "QMatMul", "QPackedMatMul", "QConv", "QPackedConv",
+            "WinogradProduct", "ConvTranspose")
+
+
+def _row_share(graph: Graph, name: str) -> float:
+    """The share of the anchors' multiply-adds (per sample) in matrix products whose rows are the samples."""
+    rows = total = 0.0
+    for n in graph.nodes:
+        if n.op not in _ANCHORS or not n.inputs or not n.outputs:
+            continue
+        out = float(np.prod([1 if not is_static(d) else int(d) for d in n.outputs[0].shape]))
+        a = n.inputs[0]
+        if "MatMul" in n.op:
+            work = out * (int(a.shape[-1]) if is_static(a.shape[-1]) else 1)
+            if len(a.shape) == 2 and not is_static(a.shape[0]) and str(a.shape[0]) == name:
+                rows += work
+        else:
+            w = n.inputs[1].shape if len(n.inputs) > 1 else ()
+            work = out * float(np.prod([int(d) for d in w[1:] if is_static(d)] or [1]))
+        total += work
+    return rows / total if total else 0.0
 
 
 def _splits(graph: Graph, name: str) -> bool:
