@@ -57,7 +57,7 @@ class Tuned:
 
 
 # -- MetaSchedule --------------------------------------------------------------------------------------------------
-def metaschedule(name: str, trials: int, threads: int, work_dir: str) -> Tuned:
+def metaschedule(name: str, trials: int, threads: int, work_dir: str, reuse: bool = False) -> Tuned:
     import tvm
     from tvm import relax
     from tvm.relax.frontend.onnx import from_onnx
@@ -70,11 +70,20 @@ def metaschedule(name: str, trials: int, threads: int, work_dir: str) -> Tuned:
     mod = from_onnx(model, keep_params_in_input=False)
     with tgt:
         mod = relax.get_pipeline("zero")(mod)
-    t0 = time.time()
-    db = ms.relax_integration.tune_relax(
-        mod, {}, tgt, work_dir, max_trials_global=trials, num_trials_per_iter=min(64, trials),
-        builder=ms.builder.LocalBuilder(timeout_sec=120.0), runner=ms.runner.LocalRunner(timeout_sec=60.0))
-    tune_s = time.time() - t0
+    records = os.path.join(work_dir, "database_tuning_record.json")
+    if reuse and os.path.exists(records):
+        # an earlier run's database and logs (--reuse): its tuning seconds are its scheduler log's first to last
+        # stamp (to the second)
+        db = ms.database.JSONDatabase(os.path.join(work_dir, "database_workload.json"), records)
+        with open(os.path.join(work_dir, "logs", "tvm.s_tir.meta_schedule.logging.task_scheduler.log")) as f:
+            stamps = [_stamp(m.group(1)) for m in map(_ANY_STAMP.match, f) if m]
+        t0, tune_s = stamps[0], stamps[-1] - stamps[0]
+    else:
+        t0 = time.time()
+        db = ms.relax_integration.tune_relax(
+            mod, {}, tgt, work_dir, max_trials_global=trials, num_trials_per_iter=min(64, trials),
+            builder=ms.builder.LocalBuilder(timeout_sec=120.0), runner=ms.runner.LocalRunner(timeout_sec=60.0))
+        tune_s = time.time() - t0
     with tgt:
         ex = ms.relax_integration.compile_relax(db, mod, tgt, params=None)
     dev = tvm.cpu()
@@ -95,7 +104,12 @@ def metaschedule(name: str, trials: int, threads: int, work_dir: str) -> Tuned:
     return Tuned("metaschedule", tune_s, n, run, trail)
 
 
-_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) \[INFO\].*Trial #(\d+): GFLOPs: ([\d.]+)")
+_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) \[INFO\].*Trial #(\d+): GFLOPs: (\d+(?:\.\d+)?)")
+_ANY_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) ")
+
+
+def _stamp(text: str) -> float:
+    return time.mktime(time.strptime(text, "%Y-%m-%d %H:%M:%S"))
 
 
 def metaschedule_trail(work_dir: str, t0: float, model_flops: float) -> tuple[list[tuple[float, float]], int]:
@@ -113,7 +127,7 @@ def metaschedule_trail(work_dir: str, t0: float, model_flops: float) -> tuple[li
             if not m:
                 continue
             n += 1
-            stamp = time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S"))
+            stamp = _stamp(m.group(1))
             best = max(best, float(m.group(3)))
             trail.append((max(0.0, stamp - t0), best))
     return trail, n
@@ -194,6 +208,8 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--work-dir", help="where MetaSchedule's database and logs and Kiln's tuning.db go")
     p.add_argument("--out", help="also write the Markdown table to this file")
+    p.add_argument("--reuse", action="store_true", help="MetaSchedule: use the database already in --work-dir "
+                   "(an earlier run's; tuning seconds from its log) instead of tuning again")
     args = p.parse_args()
 
     from kiln.bench.roofline import machine_info, measure_peak
@@ -207,7 +223,7 @@ def main() -> None:
     for name in args.workloads:
         flops = zoo.flops(name)
         print(f"{name}: MetaSchedule, {args.trials} trials ...", flush=True)
-        ms_t = metaschedule(name, args.trials, args.threads, os.path.join(work, f"ms-{name}"))
+        ms_t = metaschedule(name, args.trials, args.threads, os.path.join(work, f"ms-{name}"), args.reuse)
         budget = args.kiln_budget_s or ms_t.tune_s
         print(f"{name}: MetaSchedule tuned in {ms_t.tune_s:.0f} s; kiln tune, {budget:.0f} s ...", flush=True)
         kt = kiln_tuned(name, budget, args.threads, os.path.join(work, f"kiln-{name}.db"))
