@@ -2,7 +2,7 @@
 
     measure the default (its outputs are the reference every candidate is checked against)
     seed: the best configurations already in the database for this workload and target, then random samples
-    repeat until the workload's time is up:
+    repeat until the workload's time is up (the first round whole, however loaded the machine):
         propose  POOL candidates: mutations and crossovers of the fastest measured ("elite"), random samples
         rank     them with the cost model (analytic at first; XGBoost once measurements exist, refit every round)
         build    the best BATCH (and EXPLORE random ones of the pool) — in parallel (Ray)
@@ -168,7 +168,8 @@ class WorkloadSearch:
             # leave time for the verification: (VERIFY_TOP + 1) × VERIFY_ROUNDS more measurements
             per_measure = min(self.durations, default=0.0)
             stop = deadline - min(0.3 * budget_s, (VERIFY_TOP + 1) * VERIFY_ROUNDS * per_measure)
-            while time.perf_counter() < stop:
+            first = True
+            while first or time.perf_counter() < stop:
                 t1 = time.perf_counter()
                 batch = self.propose(seeds)
                 self._lap("propose", t1)
@@ -176,10 +177,13 @@ class WorkloadSearch:
                 if not batch:
                     break
                 for built in self.build([cand.config for cand in batch]):
-                    if time.perf_counter() >= stop:
+                    # the first batch is measured whole, even past the slice on a loaded machine (a searched
+                    # workload is then never left with its default alone, its built candidates thrown away)
+                    if time.perf_counter() >= stop and not first:
                         break
                     self.measure(built)
                     self._notify()
+                first = False
             self.finish(verify=True)
         except KeyboardInterrupt:
             self.finish(verify=False)
