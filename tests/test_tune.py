@@ -476,6 +476,20 @@ def test_a_widths_record_never_applies_to_another_width(width: str, tmp_path) ->
     assert tuned is None or [v["config"] for v in tuned.values()] == [record]
 
 
+def test_tune_with_a_trial_budget(tmp_path) -> None:
+    """`max_trials` (kiln tune --max-trials): a workload's search stops after that many candidates, the default
+    included, however much time is left; every one is a row of the database."""
+    model, feeds = gemm(m=40, k=64, n=64)
+    path = str(tmp_path / "n.db")
+    report = tune(model, budget_s=60, db=path, per_kernel_s=60, workers="local", progress=False, max_trials=4)
+    (res,) = [r for r in report.results if r.klass == "matmul"]
+    assert res.trials == 4
+    db = TuningDatabase(path, create=False)
+    assert len(db.measurements(res.sig)) == 4 and db.best(res.sig, target_key(resolve("host"), 2)) is not None
+    db.close()
+    check(model, feeds, 1e-4, tuning=path)
+
+
 def test_tune_through_a_local_ray_cluster(tmp_path) -> None:
     """Candidates compile as Ray tasks on a local cluster bound to 127.0.0.1; measurement stays here."""
     pytest.importorskip("ray")

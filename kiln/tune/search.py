@@ -55,6 +55,7 @@ class SearchContext:
     rng: random.Random
     on_measure: Callable[[Workload, float, float], None] | None = None   # (workload, default s, best s)
     training: dict[str, list[tuple[list[float], float]]] = field(default_factory=dict)  # class → rows (all sigs)
+    max_trials: int | None = None    # candidates per workload at most (the default's measurement included)
 
 
 @dataclass
@@ -169,7 +170,8 @@ class WorkloadSearch:
             per_measure = min(self.durations, default=0.0)
             stop = deadline - min(0.3 * budget_s, (VERIFY_TOP + 1) * VERIFY_ROUNDS * per_measure)
             first = True
-            while first or time.perf_counter() < stop:
+            cap = self.ctx.max_trials if self.ctx.max_trials is not None else float("inf")
+            while (first or time.perf_counter() < stop) and res.trials < cap:
                 t1 = time.perf_counter()
                 batch = self.propose(seeds)
                 self._lap("propose", t1)
@@ -179,7 +181,7 @@ class WorkloadSearch:
                 for built in self.build([cand.config for cand in batch]):
                     # the first batch is measured whole, even past the slice on a loaded machine (a searched
                     # workload is then never left with its default alone, its built candidates thrown away)
-                    if time.perf_counter() >= stop and not first:
+                    if (time.perf_counter() >= stop and not first) or res.trials >= cap:
                         break
                     self.measure(built)
                     self._notify()
