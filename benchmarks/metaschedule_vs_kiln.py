@@ -1,7 +1,8 @@
 """Kiln's auto-scheduler (`kiln tune`) beside TVM MetaSchedule on the same workload and the same tuning budget.
 
     flock /tmp/kiln-measure.lock python benchmarks/metaschedule_vs_kiln.py gemm_1024 [conv_r50_3x3 ...]
-          [--trials 64] [--kiln-budget-s S] [--threads 2] [--rounds 10] [--runs 5] [--out FILE.md]
+          [--trials 64] [--same trials|seconds] [--kiln-budget-s S] [--threads 2] [--rounds 10] [--runs 5]
+          [--work-dir DIR] [--reuse] [--out FILE.md]
 
 Per workload (a zoo model):
   1. MetaSchedule: the model through TVM's Relax ONNX frontend and the "zero" pipeline (legalize, fuse), then
@@ -9,9 +10,10 @@ Per workload (a zoo model):
      cost model, 64 candidates per round or fewer), built by a LocalBuilder with a 120 s limit per candidate (the
      default 30 s times out compiling 1024-GEMM candidates on a busy 2-core machine), and `compile_relax` with the
      resulting database. Its tuning seconds: the wall clock of tune_relax.
-  2. `kiln tune` of the same model into a fresh database, with MetaSchedule's tuning seconds as its budget (the
-     same budget in seconds; `--kiln-budget-s` sets another), 120 s per distinct kernel at most, as the issue's
-     protocol says.
+  2. `kiln tune` of the same model into a fresh database with the same budget: `--same trials` (the default) the
+     same number of candidates per kernel (`kiln tune --max-trials`; failed builds count as trials for both), or
+     `--same seconds` MetaSchedule's tuning seconds (`--kiln-budget-s` sets another); 120 s per distinct kernel at
+     most either way, as the issue's protocol says.
   3. The two tuned builds (and Kiln's untuned default) are checked against onnxruntime (≤ 1e-3 relative), then
      timed interleaved in this process: `rounds` rounds, each running every system `runs` times after a warm-up
      call and a 1 s idle gap (a thread pool left spinning by the previous system is not charged to the next);
@@ -57,7 +59,7 @@ class Tuned:
 
 
 # -- MetaSchedule --------------------------------------------------------------------------------------------------
-def metaschedule(name: str, trials: int, threads: int, work_dir: str) -> Tuned:
+def metaschedule(name: str, trials: int, threads: int, work_dir: str, reuse: bool = False) -> Tuned:
     import tvm
     from tvm import relax
     from tvm.relax.frontend.onnx import from_onnx
@@ -70,11 +72,20 @@ def metaschedule(name: str, trials: int, threads: int, work_dir: str) -> Tuned:
     mod = from_onnx(model, keep_params_in_input=False)
     with tgt:
         mod = relax.get_pipeline("zero")(mod)
-    t0 = time.time()
-    db = ms.relax_integration.tune_relax(
-        mod, {}, tgt, work_dir, max_trials_global=trials, num_trials_per_iter=min(64, trials),
-        builder=ms.builder.LocalBuilder(timeout_sec=120.0), runner=ms.runner.LocalRunner(timeout_sec=60.0))
-    tune_s = time.time() - t0
+    records = os.path.join(work_dir, "database_tuning_record.json")
+    if reuse and os.path.exists(records):
+        # an earlier run's database and logs (--reuse): its tuning seconds are its scheduler log's first to last
+        # stamp (to the second)
+        db = ms.database.JSONDatabase(os.path.join(work_dir, "database_workload.json"), records)
+        with open(os.path.join(work_dir, "logs", "tvm.s_tir.meta_schedule.logging.task_scheduler.log")) as f:
+            stamps = [_stamp(m.group(1)) for m in map(_ANY_STAMP.match, f) if m]
+        t0, tune_s = stamps[0], stamps[-1] - stamps[0]
+    else:
+        t0 = time.time()
+        db = ms.relax_integration.tune_relax(
+            mod, {}, tgt, work_dir, max_trials_global=trials, num_trials_per_iter=min(64, trials),
+            builder=ms.builder.LocalBuilder(timeout_sec=120.0), runner=ms.runner.LocalRunner(timeout_sec=60.0))
+        tune_s = time.time() - t0
     with tgt:
         ex = ms.relax_integration.compile_relax(db, mod, tgt, params=None)
     dev = tvm.cpu()
@@ -95,7 +106,12 @@ def metaschedule(name: str, trials: int, threads: int, work_dir: str) -> Tuned:
     return Tuned("metaschedule", tune_s, n, run, trail)
 
 
-_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) \[INFO\].*Trial #(\d+): GFLOPs: ([\d.]+)")
+_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) \[INFO\].*Trial #(\d+): GFLOPs: (\d+(?:\.\d+)?)")
+_ANY_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) ")
+
+
+def _stamp(text: str) -> float:
+    return time.mktime(time.strptime(text, "%Y-%m-%d %H:%M:%S"))
 
 
 def metaschedule_trail(work_dir: str, t0: float, model_flops: float) -> tuple[list[tuple[float, float]], int]:
@@ -113,14 +129,14 @@ def metaschedule_trail(work_dir: str, t0: float, model_flops: float) -> tuple[li
             if not m:
                 continue
             n += 1
-            stamp = time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S"))
+            stamp = _stamp(m.group(1))
             best = max(best, float(m.group(3)))
             trail.append((max(0.0, stamp - t0), best))
     return trail, n
 
 
 # -- kiln tune ------------------------------------------------------------------------------------------------------
-def kiln_tuned(name: str, budget_s: float, threads: int, db_path: str) -> Tuned:
+def kiln_tuned(name: str, budget_s: float, threads: int, db_path: str, max_trials: int | None = None) -> Tuned:
     from kiln.target import host
     from kiln.tune import tune
     from kiln.tune.database import TuningDatabase
@@ -128,7 +144,8 @@ def kiln_tuned(name: str, budget_s: float, threads: int, db_path: str) -> Tuned:
 
     model = zoo.build(name)
     t0 = time.time()
-    report = tune(model, budget_s=budget_s, db=db_path, per_kernel_s=120.0, num_threads=threads, progress=False)
+    report = tune(model, budget_s=budget_s, db=db_path, per_kernel_s=120.0, num_threads=threads, progress=False,
+                  max_trials=max_trials)
     tune_s = time.time() - t0
     exe = kiln.compile(model, num_threads=threads, cache=False, tuning=db_path)
     feeds = zoo.inputs(name)
@@ -188,12 +205,16 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("workloads", nargs="+")
     p.add_argument("--trials", type=int, default=64, help="MetaSchedule's trial budget (all tasks)")
-    p.add_argument("--kiln-budget-s", type=float, help="kiln tune's budget (default: MetaSchedule's tuning seconds)")
+    p.add_argument("--same", choices=("trials", "seconds"), default="trials",
+                   help="kiln tune's budget: MetaSchedule's trial count (per kernel) or its tuning seconds")
+    p.add_argument("--kiln-budget-s", type=float, help="kiln tune's budget in seconds (default: --same)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--work-dir", help="where MetaSchedule's database and logs and Kiln's tuning.db go")
     p.add_argument("--out", help="also write the Markdown table to this file")
+    p.add_argument("--reuse", action="store_true", help="MetaSchedule: use the database already in --work-dir "
+                   "(an earlier run's; tuning seconds from its log) instead of tuning again")
     args = p.parse_args()
 
     from kiln.bench.roofline import machine_info, measure_peak
@@ -201,16 +222,22 @@ def main() -> None:
     work = args.work_dir or tempfile.mkdtemp(prefix="kiln-ms-vs-tune-")
     lines = [f"CPU {machine_info()['cpu']}, {args.threads} threads, measured FMA peak {peak:.0f} GFLOP/s; "
              f"MetaSchedule {args.trials} trials; kiln tune with "
-             + (f"{args.kiln_budget_s:.0f} s" if args.kiln_budget_s else "MetaSchedule's tuning seconds"), "",
+             + (f"{args.kiln_budget_s:.0f} s" if args.kiln_budget_s else
+                f"{args.trials} trials per kernel" if args.same == "trials" else "MetaSchedule's tuning seconds")
+             + " (120 s per kernel at most)", "",
              "| workload | system | tuning s | candidates measured | median ms | GFLOP/s | % of peak | "
              f"s to {REACH:.0%} of peak | notes |", "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for name in args.workloads:
         flops = zoo.flops(name)
         print(f"{name}: MetaSchedule, {args.trials} trials ...", flush=True)
-        ms_t = metaschedule(name, args.trials, args.threads, os.path.join(work, f"ms-{name}"))
-        budget = args.kiln_budget_s or ms_t.tune_s
-        print(f"{name}: MetaSchedule tuned in {ms_t.tune_s:.0f} s; kiln tune, {budget:.0f} s ...", flush=True)
-        kt = kiln_tuned(name, budget, args.threads, os.path.join(work, f"kiln-{name}.db"))
+        ms_t = metaschedule(name, args.trials, args.threads, os.path.join(work, f"ms-{name}"), args.reuse)
+        by_trials = args.same == "trials" and not args.kiln_budget_s
+        budget = args.kiln_budget_s or (3600.0 if by_trials else ms_t.tune_s)
+        print(f"{name}: MetaSchedule tuned in {ms_t.tune_s:.0f} s; kiln tune ...", flush=True)
+        db_path = os.path.join(work, f"kiln-{name}.db")
+        if os.path.exists(db_path):
+            os.remove(db_path)  # a fresh database: no earlier records to seed the search
+        kt = kiln_tuned(name, budget, args.threads, db_path, args.trials if by_trials else None)
         want = reference(name, args.threads)
         runners = {"metaschedule": ms_t.run, "kiln tune": kt.run, "kiln default": kiln_default(name, args.threads)}
         for system, run in runners.items():

@@ -25,15 +25,16 @@ from kiln.tune.tuner import kernels_of
 from kiln.tune.workload import kernel_class, signature, target_key
 
 
-def profiled(exe, feeds: dict, runs: int) -> tuple[dict[str, float], list[float]]:  # noqa: ANN001
-    """Seconds per run of each kernel (mean) and the wall time of each run."""
-    prof: dict[str, float] = {}
-    walls = []
+def profiled(exe, feeds: dict, runs: int) -> tuple[list[dict[str, float]], list[float]]:  # noqa: ANN001
+    """Each run's seconds per kernel, and each run's wall time."""
+    profs, walls = [], []
     for _ in range(runs):
+        prof: dict[str, float] = {}
         t = time.perf_counter()
         exe.run(feeds, profile=prof)
         walls.append(time.perf_counter() - t)
-    return {k: v / runs for k, v in prof.items()}, walls
+        profs.append(prof)
+    return profs, walls
 
 
 def main() -> None:
@@ -41,7 +42,7 @@ def main() -> None:
     p.add_argument("model")
     p.add_argument("--db", required=True)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--runs", type=int, default=10, help="profiled runs per round")
+    p.add_argument("--runs", type=int, default=10, help="profiled runs per round (per kernel: the median of all)")
     p.add_argument("--rounds", type=int, default=4, help="rounds, alternating default and tuned")
     a = p.parse_args()
     model, feeds = zoo.build(a.model), zoo.inputs(a.model)
@@ -58,15 +59,16 @@ def main() -> None:
     for exe in exes.values():
         for _ in range(3):
             exe.run(feeds)
-    prof = {s: {} for s in exes}
+    runs: dict[str, list[dict[str, float]]] = {s: [] for s in exes}
     walls: dict[str, list[float]] = {s: [] for s in exes}
     for r in range(a.rounds):
         for s in (list(exes) if r % 2 == 0 else list(exes)[::-1]):
             time.sleep(1.0)
             pr, w = profiled(exes[s], feeds, a.runs)
-            for k, v in pr.items():
-                prof[s][k] = prof[s].get(k, 0.0) + v / a.rounds
+            runs[s] += pr
             walls[s] += w
+    # per kernel, the median over runs (a load spike in one run does not move it)
+    prof = {s: {k: float(np.median([p.get(k, 0.0) for p in runs[s]])) for k in runs[s][0]} for s in exes}
     by_sig: dict[str, dict] = {}
     for k in default.program.kernels:
         sig = sig_of[k.name]

@@ -90,9 +90,10 @@ def tune(model: onnx.ModelProto | str | bytes | os.PathLike, budget_s: float = 9
          per_kernel_s: float = 120.0, target: str | Target = "host", num_threads: int | None = None,
          strategy: str = "direct", ray_address: str | None = None, workers: str = "ray", progress: bool = True,
          seed: int = 0, retune: bool = False, input_shapes: dict[str, Sequence[int]] | None = None,
-         measure_timeout_s: float = 30.0, **options: bool) -> TuneReport:
+         measure_timeout_s: float = 30.0, max_trials: int | None = None, **options: bool) -> TuneReport:
     """Tune a model's kernels for `target` (this machine, or a narrower x86 width of it) within `budget_s`
-    seconds, recording into the tuning database `db` (default: $KILN_CACHE_DIR/tuning.db). Returns a report;
+    seconds, recording into the tuning database `db` (default: $KILN_CACHE_DIR/tuning.db); `max_trials`: at most
+    that many candidates per workload, whatever time is left (a trial budget, as MetaSchedule's). Returns a report;
     `kiln.compile(model)` then applies the best records (tuning="auto")."""
     from kiln.frontend.onnx import load_model
     from kiln.tune.distributed import make_pool
@@ -129,7 +130,8 @@ def tune(model: onnx.ModelProto | str | bytes | os.PathLike, budget_s: float = 9
     pool = make_pool(workers, ray_address)
     report.workers = pool.name if not ray_address else f"ray@{ray_address}"
     bar = _bar(len(work), progress)
-    ctx = SearchContext(tgt, threads, opts, database, tkey, measurer, pool, run, random.Random(seed))
+    ctx = SearchContext(tgt, threads, opts, database, tkey, measurer, pool, run, random.Random(seed),
+                        max_trials=max_trials)
     ctx.training = _training_data(database, tkey)
 
     def on_measure(w: Workload, default_s: float, best_s: float) -> None:
