@@ -77,8 +77,43 @@ def test_matmul(width: str, shape: tuple[int, ...]) -> None:
     *m, k, n = shape
     x, w = rand(*m, k, seed=1), rand(k, n, seed=2)
     model, feeds = op_model("MatMul", [x, C(w)])
-    # B narrower than 32 columns is not packed (graph/passes/pack_weights.py MIN_N): bf16 operands, emulated FMAs
-    check_bf16(model, feeds, matmul, k, width, paths={"emulated"} if n < 32 else None)
+    # B narrower than 32 columns is not packed (graph/passes/pack_weights.py MIN_N): a plain bf16 MatMul, whose B
+    # the AMX schedule packs into VNNI panels at run time (one 16-column tile: kiln/schedule/amx.py _pack_b)
+    check_bf16(model, feeds, matmul, k, width)
+
+
+ACTIVATION_MATMULS = {  # name: (A shape, B shape)
+    "scores": ((1, 4, 128, 64), (1, 4, 64, 128)),     # attention Q·Kᵀ (BERT-base head size, sequence 128)
+    "context": ((1, 4, 128, 128), (1, 4, 128, 64)),   # attention P·V
+    "ragged": ((37, 40), (40, 50)),                   # K, N and M off every tile size: zero-padded panels, edge rows
+    "broadcast": ((2, 3, 20, 24), (3, 24, 17)),       # B broadcast over the leading batch axis, N < 32
+    "narrow": ((9, 72), (72, 8)),                     # one 16-column panel, half of it padding
+}
+
+
+@pytest.mark.parametrize("name", ACTIVATION_MATMULS)
+def test_activation_matmul(width: str, name: str) -> None:
+    """MatMul of two activations (attention): B is packed into VNNI panels inside the kernel (kiln/schedule/amx.py
+    _pack_b), so it runs on AMX like a weight GEMM. The references and bounds of the module docstring (K ≤ 128:
+    the bf16 bound vs float32 is (2u + u²)·Σ|a·b| per output, typically ≈ 2u·√K relative)."""
+    sa, sb = ACTIVATION_MATMULS[name]
+    x, y = rand(*sa, seed=31), rand(*sb, seed=32)
+    model, feeds = op_model("MatMul", [x, y])
+    got = run_kiln(model, feeds, target=width, precision="bf16")
+    if got is None:
+        return
+    K = sa[-1]
+    exact, absprod = bf16(x) @ bf16(y), np.abs(bf16(x)) @ np.abs(bf16(y))
+    fp32 = x.astype(np.float64) @ y.astype(np.float64)
+    out = got[0].astype(np.float64)
+    acc = K * F32 * absprod + 1e-30
+    assert (np.abs(out - exact) <= acc).all(), np.abs(out - exact).max()
+    assert (np.abs(out - fp32) <= (2 * U + U * U) * absprod + acc).all(), "beyond the bf16 error bound vs float32"
+    ort = run_ort(model, feeds)[0]  # the float32 reference is onnxruntime's too
+    np.testing.assert_allclose(ort, fp32, rtol=1e-4, atol=1e-4 * np.abs(fp32).max())
+    assert not np.array_equal(got[0], ort)  # it did round to bf16
+    exe = kiln.compile(model, target=width, precision="bf16", num_threads=2)
+    assert exe.meta["precision"] == {"matmul_node": expected_path(width)}
 
 
 def test_gemm_trans_b_bias(width: str) -> None:
@@ -237,9 +272,9 @@ def bert_layer() -> onnx.ModelProto:
 
 
 def test_bert_layer(width: str) -> None:
-    """One BERT-base encoder layer: the 6 dense layers on AMX (avx512 here), attention's two activation×activation
-    MatMuls emulated; softmax, layer norms, GELU and residuals float32. Error vs onnxruntime float32 ≤ 4·2⁻⁸
-    (measured ≈ 1e-3; OpenVINO bf16 gets 3.9e-3 on all 12 layers)."""
+    """One BERT-base encoder layer: the 6 dense layers and attention's two activation×activation MatMuls (Q·Kᵀ,
+    P·V: B packed in the kernel) on AMX (avx512 here); softmax, layer norms, GELU and residuals float32. Error vs
+    onnxruntime float32 ≤ 4·2⁻⁸ (measured ≈ 1e-3; OpenVINO bf16 gets 3.9e-3 on all 12 layers)."""
     model = bert_layer()
     feeds = {"embeddings": rand(1, 128, 768, seed=23)}
     got = run_kiln(model, feeds, target=width, precision="bf16")
@@ -250,7 +285,9 @@ def test_bert_layer(width: str) -> None:
     assert 0 < rel <= 4 * U, rel
     meta = kiln.compile(model, target=width, precision="bf16").meta
     counts = {p: list(meta["precision"].values()).count(p) for p in set(meta["precision"].values())}
-    assert counts == ({"amx": 6, "emulated": 2} if expected_path(width) == "amx" else {"emulated": 8}), counts
+    assert counts == {expected_path(width): 8}, counts
+    assert meta["precision"]["encoder.0.attn.scores"] == meta["precision"]["encoder.0.attn.context"] \
+        == expected_path(width)
 
 
 @pytest.mark.slow
