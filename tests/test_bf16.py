@@ -136,6 +136,9 @@ CONVS = {  # name: (N, Ci, H, W, Co, k, stride, pad)
     "3x3-s2": (1, 32, 15, 15, 64, 3, 2, 1),
     "7x7-s2-rgb": (1, 3, 32, 32, 32, 7, 2, 3),    # NCHW input and output (the stem alone): emulated, see below
     "3x3-batch2": (2, 64, 9, 9, 32, 3, 1, 0),
+    # 1.2 MB of bf16 weights (over half of L2) and 61 rows (a block of 32 + edge tiles of 16 and 13): one pass over
+    # B, each work item a panel with all its rows (kiln/schedule/amx.py)
+    "3x3-7x7-wide": (1, 256, 7, 7, 256, 3, 1, 1),
 }
 
 
@@ -318,3 +321,22 @@ def test_amx_switch_off_emulates() -> None:
     exe = kiln.compile(model, num_threads=2, precision="bf16", amx=False, cache=False)
     assert exe.meta["precision"] == {"conv_node": "emulated"} and exe.meta["amx"] is False
     assert (np.abs(exe.run(feeds)[0] - exact) <= 288 * F32 * absprod + 1e-30).all()
+
+
+def test_streamed_weights_one_pass() -> None:
+    """A conv whose bf16 weights exceed half of L2 and whose rows end in edge tiles ("3x3-7x7-wide", checked
+    numerically by test_conv): one parallel nest over (batch, panel) work items holding the blocks and the edge
+    tiles (configurations of 16 and 13 rows), not one nest — and one pass over the weights — per row count."""
+    from kiln.compiler import lower
+    from kiln.kernel.ir import Loop
+
+    target = resolve("host")
+    if not usable(target.features):
+        pytest.skip("the AMX schedule needs a host whose process may use AMX")
+    n, ci, h, w_, co, k, s, p = CONVS["3x3-7x7-wide"]
+    model, _ = op_model("Conv", [rand(n, ci, h, w_), C(rand(co, ci, k, k))], {"pads": [p] * 4})
+    lowered = lower(model, target, 2, {}, stop_after="kernels", precision="bf16")
+    (conv_kernel,) = [kern for kern in lowered.program.kernels if "packedconv" in kern.name]
+    nests = [s for s in conv_kernel.body if isinstance(s, Loop) and s.kind == "parallel"]
+    assert len(nests) == 1 and nests[0].extent.value == co // 32, nests
+    assert {"kiln_amx_config_bf16_m16_k32", "kiln_amx_config_bf16_m13_k32"} <= set(conv_kernel.extern_ir)
