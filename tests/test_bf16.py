@@ -77,8 +77,43 @@ def test_matmul(width: str, shape: tuple[int, ...]) -> None:
     *m, k, n = shape
     x, w = rand(*m, k, seed=1), rand(k, n, seed=2)
     model, feeds = op_model("MatMul", [x, C(w)])
-    # B narrower than 32 columns is not packed (graph/passes/pack_weights.py MIN_N): bf16 operands, emulated FMAs
-    check_bf16(model, feeds, matmul, k, width, paths={"emulated"} if n < 32 else None)
+    # B narrower than 32 columns is not packed (graph/passes/pack_weights.py MIN_N): a plain bf16 MatMul, whose B
+    # the AMX schedule packs into VNNI panels at run time (one 16-column tile: kiln/schedule/amx.py _pack_b)
+    check_bf16(model, feeds, matmul, k, width)
+
+
+ACTIVATION_MATMULS = {  # name: (A shape, B shape)
+    "scores": ((1, 4, 128, 64), (1, 4, 64, 128)),     # attention Q·Kᵀ (BERT-base head size, sequence 128)
+    "context": ((1, 4, 128, 128), (1, 4, 128, 64)),   # attention P·V
+    "ragged": ((37, 40), (40, 50)),                   # K, N and M off every tile size: zero-padded panels, edge rows
+    "broadcast": ((2, 3, 20, 24), (3, 24, 17)),       # B broadcast over the leading batch axis, N < 32
+    "narrow": ((9, 72), (72, 8)),                     # one 16-column panel, half of it padding
+}
+
+
+@pytest.mark.parametrize("name", ACTIVATION_MATMULS)
+def test_activation_matmul(width: str, name: str) -> None:
+    """MatMul of two activations (attention): B is packed into VNNI panels inside the kernel (kiln/schedule/amx.py
+    _pack_b), so it runs on AMX like a weight GEMM. The references and bounds of the module docstring (K ≤ 128:
+    the bf16 bound vs float32 is (2u + u²)·Σ|a·b| per output, typically ≈ 2u·√K relative)."""
+    sa, sb = ACTIVATION_MATMULS[name]
+    x, y = rand(*sa, seed=31), rand(*sb, seed=32)
+    model, feeds = op_model("MatMul", [x, y])
+    got = run_kiln(model, feeds, target=width, precision="bf16")
+    if got is None:
+        return
+    K = sa[-1]
+    exact, absprod = bf16(x) @ bf16(y), np.abs(bf16(x)) @ np.abs(bf16(y))
+    fp32 = x.astype(np.float64) @ y.astype(np.float64)
+    out = got[0].astype(np.float64)
+    acc = K * F32 * absprod + 1e-30
+    assert (np.abs(out - exact) <= acc).all(), np.abs(out - exact).max()
+    assert (np.abs(out - fp32) <= (2 * U + U * U) * absprod + acc).all(), "beyond the bf16 error bound vs float32"
+    ort = run_ort(model, feeds)[0]  # the float32 reference is onnxruntime's too
+    np.testing.assert_allclose(ort, fp32, rtol=1e-4, atol=1e-4 * np.abs(fp32).max())
+    assert not np.array_equal(got[0], ort)  # it did round to bf16
+    exe = kiln.compile(model, target=width, precision="bf16", num_threads=2)
+    assert exe.meta["precision"] == {"matmul_node": expected_path(width)}
 
 
 def test_gemm_trans_b_bias(width: str) -> None:
@@ -101,6 +136,9 @@ CONVS = {  # name: (N, Ci, H, W, Co, k, stride, pad)
     "3x3-s2": (1, 32, 15, 15, 64, 3, 2, 1),
     "7x7-s2-rgb": (1, 3, 32, 32, 32, 7, 2, 3),    # NCHW input and output (the stem alone): emulated, see below
     "3x3-batch2": (2, 64, 9, 9, 32, 3, 1, 0),
+    # 1.2 MB of bf16 weights (over half of L2) and 61 rows (a block of 32 + edge tiles of 16 and 13): one pass over
+    # B, each work item a panel with all its rows (kiln/schedule/amx.py)
+    "3x3-7x7-wide": (1, 256, 7, 7, 256, 3, 1, 1),
 }
 
 
@@ -237,9 +275,9 @@ def bert_layer() -> onnx.ModelProto:
 
 
 def test_bert_layer(width: str) -> None:
-    """One BERT-base encoder layer: the 6 dense layers on AMX (avx512 here), attention's two activation×activation
-    MatMuls emulated; softmax, layer norms, GELU and residuals float32. Error vs onnxruntime float32 ≤ 4·2⁻⁸
-    (measured ≈ 1e-3; OpenVINO bf16 gets 3.9e-3 on all 12 layers)."""
+    """One BERT-base encoder layer: the 6 dense layers and attention's two activation×activation MatMuls (Q·Kᵀ,
+    P·V: B packed in the kernel) on AMX (avx512 here); softmax, layer norms, GELU and residuals float32. Error vs
+    onnxruntime float32 ≤ 4·2⁻⁸ (measured ≈ 1e-3; OpenVINO bf16 gets 3.9e-3 on all 12 layers)."""
     model = bert_layer()
     feeds = {"embeddings": rand(1, 128, 768, seed=23)}
     got = run_kiln(model, feeds, target=width, precision="bf16")
@@ -250,7 +288,9 @@ def test_bert_layer(width: str) -> None:
     assert 0 < rel <= 4 * U, rel
     meta = kiln.compile(model, target=width, precision="bf16").meta
     counts = {p: list(meta["precision"].values()).count(p) for p in set(meta["precision"].values())}
-    assert counts == ({"amx": 6, "emulated": 2} if expected_path(width) == "amx" else {"emulated": 8}), counts
+    assert counts == {expected_path(width): 8}, counts
+    assert meta["precision"]["encoder.0.attn.scores"] == meta["precision"]["encoder.0.attn.context"] \
+        == expected_path(width)
 
 
 @pytest.mark.slow
@@ -281,3 +321,22 @@ def test_amx_switch_off_emulates() -> None:
     exe = kiln.compile(model, num_threads=2, precision="bf16", amx=False, cache=False)
     assert exe.meta["precision"] == {"conv_node": "emulated"} and exe.meta["amx"] is False
     assert (np.abs(exe.run(feeds)[0] - exact) <= 288 * F32 * absprod + 1e-30).all()
+
+
+def test_streamed_weights_one_pass() -> None:
+    """A conv whose bf16 weights exceed half of L2 and whose rows end in edge tiles ("3x3-7x7-wide", checked
+    numerically by test_conv): one parallel nest over (batch, panel) work items holding the blocks and the edge
+    tiles (configurations of 16 and 13 rows), not one nest — and one pass over the weights — per row count."""
+    from kiln.compiler import lower
+    from kiln.kernel.ir import Loop
+
+    target = resolve("host")
+    if not usable(target.features):
+        pytest.skip("the AMX schedule needs a host whose process may use AMX")
+    n, ci, h, w_, co, k, s, p = CONVS["3x3-7x7-wide"]
+    model, _ = op_model("Conv", [rand(n, ci, h, w_), C(rand(co, ci, k, k))], {"pads": [p] * 4})
+    lowered = lower(model, target, 2, {}, stop_after="kernels", precision="bf16")
+    (conv_kernel,) = [kern for kern in lowered.program.kernels if "packedconv" in kern.name]
+    nests = [s for s in conv_kernel.body if isinstance(s, Loop) and s.kind == "parallel"]
+    assert len(nests) == 1 and nests[0].extent.value == co // 32, nests
+    assert {"kiln_amx_config_bf16_m16_k32", "kiln_amx_config_bf16_m13_k32"} <= set(conv_kernel.extern_ir)

@@ -34,8 +34,29 @@ def bf16_to_f32(b: ir.IRBuilder, bits: ir.Value) -> ir.Value:
     return b.bitcast(b.shl(wide, _k(wide.type, 16)), _like(bits.type, F32))
 
 
+def _widened_bits(x: ir.Value) -> ir.Value | None:
+    """The i16 bits x was widened from by bf16_to_f32 (bitcast(zext(bits) << 16)), else None."""
+    if not (isinstance(x, ir.CastInstr) and x.opname == "bitcast"):
+        return None
+    shl = x.operands[0]
+    if not (isinstance(shl, ir.Instruction) and shl.opname == "shl" and isinstance(shl.operands[1], ir.Constant)):
+        return None
+    amount = shl.operands[1].constant
+    lanes = [getattr(a, "constant", a) for a in amount] if isinstance(amount, list) else [amount]
+    zext = shl.operands[0]
+    if set(lanes) != {16} or not (isinstance(zext, ir.CastInstr) and zext.opname == "zext"):
+        return None
+    bits = zext.operands[0]
+    return bits if bits.type == _like(x.type, I16) else None
+
+
 def f32_to_bf16(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    """float32 (or <n x float>) → i16 bfloat16 bits, rounded to nearest even; NaN stays a (quiet) NaN."""
+    """float32 (or <n x float>) → i16 bfloat16 bits, rounded to nearest even; NaN stays a (quiet) NaN.
+    A value just widened from bf16 is its own bits (a bf16 copy — the AMX packing stages — stays a copy, which
+    LLVM can vectorize, instead of a round trip whose NaN quieting it cannot fold away)."""
+    same = _widened_bits(x)
+    if same is not None:
+        return same
     it = _like(x.type, I32)
     u = b.bitcast(x, it)
     lsb = b.and_(b.lshr(u, _k(it, 16)), _k(it, 1))

@@ -122,15 +122,18 @@ def can_inline(prod: Group, cons: Group, consumer: Node, options: dict[str, bool
         copies = _count_loads(cons_last.body, last.out)
         return (OPS[consumer.op].kind not in ("anchor",) and options.get("fuse_elementwise", True)
                 and (copies <= 1 or copies * len(walk(last.body)) <= MAX_DUPLICATED_NODES))
-    # epilogue: the consumer reads the anchor once, at its own output index, over the same domain — unless the
-    # consumer already carries a Winograd output transform (16 loads and selects per output: cheaper in its own
-    # transposed schedule, reading the anchor's result, than in the anchor's tile epilogue)
+    # epilogue: the consumer reads the anchor at its own output index (once; twice for a unary op such as Gelu,
+    # x·Φ(x) — both reads become the same Reduce, which walk() and substitute() treat as one: the schedules
+    # compute it once), over the same domain — unless the consumer already carries a Winograd output transform
+    # (16 loads and selects per output: cheaper in its own transposed schedule, reading the anchor's result,
+    # than in the anchor's tile epilogue)
     loads = _loads_of(cons_last.body, last.out)
-    return (options.get("fuse_epilogue", True) and OPS[consumer.op].kind in ("unary", "binary")
+    kind = OPS[consumer.op].kind
+    return (options.get("fuse_epilogue", True) and kind in ("unary", "binary")
             and "winograd" not in cons_last.hints
             and cons_last.store is None and cons_last.extents == last.extents
             and len(loads) == 1 and _same_point(loads[0].index, cons_last.axes, cons_last.extents)
-            and _count_loads(cons_last.body, last.out) == 1
+            and _count_loads(cons_last.body, last.out) <= (2 if kind == "unary" else 1)
             and not any(isinstance(x, Reduce) for x in walk(cons_last.body)))
 
 

@@ -18,9 +18,18 @@ Where A comes from (`_rows`):
     A into Ap[o, tile, MR, Kp] bf16 rows (Kp = K rounded up to 32, zero-filled; rows past M repeat row M−1), and the
     tile kernel reads those (lda = 2·Kp, one K axis of Kp/32 steps).
 
+Where B comes from:
+  * weights — PackedMatMul / PackedConv panels, rounded and put in VNNI order at compile time
+    (graph/passes/precision.py), read where they are;
+  * activations — a plain MatMul of two bf16 activations (attention's Q·Kᵀ and P·V, a MatMul too narrow for
+    pack_weights): `_pack_b` packs B into the same VNNI panels at run time, Bv[o·P + j, Kp/2, NR, 2] per batch
+    point o, in a parallel stage before the tile kernels (as `_pack` packs A). It copies bf16 values (the Cast to
+    bf16 stays fused in B's producer), |B| elements against the M·|B| multiply-adds that read them.
+
 Loop nest (o: other output axes, e.g. batch; j: panel; blocks of MT·MR rows):
 
     [pack:  parallel for (o, t): for mi < MR: Ap[o, t, mi, k] = A(o, m = t·MR + mi, k);  Ap[o, t, mi, K..Kp] = 0]
+    [pack B (activations): parallel for (o, j): Bv[o·P + j, kk, ni, h] = B(o, 2·kk + h, j·NR + ni), 0 outside]
     parallel for part < PARTS:                                         # ≈ 4 per thread
       call kiln_amx_config_bf16_m<MR>_k<KB>()                          # ldtilecfg once per part, not per call
       for w in part's share of the (o, block, j) work items:           # j fastest if all of B fits half of L2
@@ -31,9 +40,13 @@ Loop nest (o: other output axes, e.g. batch; j: panel; blocks of MT·MR rows):
       call kiln_amx_release()
     [edge rows (fewer than a block): the same with MT = 1 kernels of their own row counts, each its own config]
 
+When B streams from memory (more than half of L2: the 7×7 and 14×14 convs' 1–5 MB of weights) and there are edge
+rows, that would be one pass over B per nest; instead one nest of work items (o, j), each one panel with all its
+rows — the blocks under their configuration, then each edge tile under its own — so B is read once.
+
 Returns None (the anchor is then emitted directly: vdpbf16ps or the emulation) for anything else: depthwise convs
-(they stay fp32), NCHW outputs (the C block would be stored transposed), non-constant B (attention's
-activation × activation MatMuls), or a reduction the layouts above do not describe."""
+(they stay fp32), NCHW outputs (the C block would be stored transposed), or a reduction the layouts above do not
+describe."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -56,6 +69,7 @@ from kiln.kernel.ir import (
     Load,
     Loop,
     Reduce,
+    Select,
     Stmt,
     Store,
     Var,
@@ -105,7 +119,14 @@ def schedule_amx(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
                  options: dict[str, bool]) -> list[Stmt] | None:
     if not options.get("amx", True) or target.arch != "x86_64" or not usable(target.features):
         return None
-    if "nr" not in c.hints or "m_axis" not in c.hints or c.hints.get("depthwise") or c.store is not None:
+    if c.hints.get("depthwise") or c.store is not None:
+        return None
+    activation_b = "nr" not in c.hints  # a MatMul of two activations (attention's Q·Kᵀ, P·V): B packed here
+    if activation_b:
+        c = _activation_matmul(c)
+        if c is None:
+            return None
+    if "nr" not in c.hints or "m_axis" not in c.hints:
         return None
     nr = int(c.hints["nr"])
     if nr not in (16, 32) or (c.hints.get("n_axis", -1) % len(c.axes)) != len(c.axes) - 1 and \
@@ -126,23 +147,82 @@ def schedule_amx(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
     if not (isinstance(a, Load) and isinstance(b, Load) and a.dtype == b.dtype == "bfloat16") or _depends(a, n_v):
         return None
     K = int(np.prod([e for _, e in red.axes]))
-    panels = _vnni_panels(k, b, red, n_v, nr, K)
-    if panels is None:
-        return None
-    b_base, kp = panels
+    pre: list[Stmt] = []
+    if activation_b:
+        kp = -(-K // KB) * KB
+        b, b_base, pack_b = _pack_b(k, c, b, red, nr, kp, tag, threads)
+        pre.append(pack_b)
+    else:
+        panels = _vnni_panels(k, b, red, n_v, nr, K)
+        if panels is None:
+            return None
+        b_base, kp = panels
     row_axes = spatial if spatial else (c.axes[c.hints["m_axis"] % len(c.axes)],)
     if any(v not in c.axes for v in row_axes):
         return None
     rows = _in_place(k, c, a, red, row_axes) if kp == K else None
-    pre: list[Stmt] = []
     if rows is None:
         packed = _pack(k, c, a, red, row_axes, tag, threads, kp)
         if packed is None:
             return None
-        c, a, rows, pre = packed
+        c, a, rows, pack_a = packed
+        pre += pack_a
         red = next(e for e in walk(c.body) if isinstance(e, Reduce))
     nest = _nest(k, c, red, b, b_base, rows, nr, N, kp, tag, target, threads if options.get("parallel", True) else 1)
     return pre + nest
+
+
+def _activation_matmul(c: Compute) -> Compute | None:
+    """A plain MatMul out[.., m, n] = Σ_k A[.., m, k] · B[.., k, n] of two bf16 activations (kernel/lower.py: no
+    packed panels, so no hints), with the hints the AMX nest reads: m the second-to-last axis, n the last, panels
+    of NR = 32 columns (16 when N ≤ 16); None for any other compute."""
+    if len(c.axes) < 2:
+        return None
+    reds = [e for e in walk(c.body) if isinstance(e, Reduce)]
+    if len(reds) != 1 or len(reds[0].axes) != 1 or not (isinstance(reds[0].body, Bin) and reds[0].body.op == "*"):
+        return None
+    m_v, n_v = c.axes[-2], c.axes[-1]
+    x, y = reds[0].body.a, reds[0].body.b
+    b, a = (y, x) if _depends(y, n_v) else (x, y)
+    if not (isinstance(a, Load) and isinstance(b, Load)) or _depends(a, n_v) or _depends(b, m_v) \
+            or not _depends(a, m_v) or not _depends(b, n_v):
+        return None
+    return Compute(c.out, c.axes, c.extents, c.body, c.store,
+                   {**c.hints, "nr": 32 if c.extents[-1] > 16 else 16, "m_axis": -2, "n_axis": -1})
+
+
+def _pack_b(k: Kernel, c: Compute, b: Load, red: Reduce, nr: int, kp: int, tag: str,
+            threads: int) -> tuple[Load, Expr, Stmt]:
+    """An activation B[.., k, n] (bf16) packed at run time into the VNNI panels the tile kernels read, one set per
+    point o of the batch axes: Bv[o·P + j, kk, ni, h] = B[o, k = 2·kk + h, n = j·NR + ni], zero past K and N
+    (P = ⌈N/NR⌉ panels, Kp = K rounded up to a step). The loop nest:
+
+        parallel for pj < n_o·P:                 # o = pj // P, j = pj % P
+          for kk < Kp/2:
+            for ni < NR vector<NR>:  for h < 2 unroll:  Bv[pj, kk, ni, h] = B(o, 2·kk + h, j·NR + ni)
+
+    Per (o, j, kk): two vectors of NR values, rows 2·kk and 2·kk + 1 of B (contiguous when n is B's innermost
+    axis), stored interleaved — a transposed store group (codegen/transpose.py, S = R = 2): two shuffles and two
+    full-width stores, no scatter. Returns the Load standing for B (the buffer), the flat index of point o's first
+    panel, and the nest (run before the tile kernels)."""
+    (rk, K), n_v, N = red.axes[0], c.axes[-1], c.extents[-1]
+    others = list(zip(c.axes[:-2], c.extents[:-2]))
+    n_o = int(np.prod([e for _, e in others])) if others else 1
+    P = -(-N // nr)
+    bv = f"Bv{tag}"
+    k.scratch.append(Buffer(bv, "bfloat16", (n_o * P, kp // 2, nr, 2)))
+    pj, kk, ni, h = Var(f"bvp{tag}"), Var(f"bvk{tag}"), Var(f"bvn{tag}"), Var(f"bvh{tag}")
+    k_at, n_at = kk * 2 + h, (pj % P) * nr + ni
+    conds = ([cmp("<", k_at, _i(K))] if kp > K else []) + ([cmp("<", n_at, _i(N))] if N % nr else [])
+    value: Expr = substitute(b, {rk: minimum(k_at, _i(K - 1)) if kp > K else k_at,
+                                 n_v: minimum(n_at, _i(N - 1)) if N % nr else n_at, **_decode(others, pj // P)})
+    if conds:
+        value = Select(conds[0] if len(conds) == 1 else Bin("and", conds[0], conds[1]), value,
+                       Const(0.0, "bfloat16"))
+    body: Stmt = Loop(ni, _i(nr), [Loop(h, _i(2), [Store(bv, (pj, kk, ni, h), value)], "unroll")], "vector", nr)
+    nest = Loop(pj, _i(n_o * P), [Loop(kk, _i(kp // 2), [body])],
+                "parallel" if threads > 1 and n_o * P > 1 else "serial")
+    return Load(bv, (_i(0),), "bfloat16"), _flat_of(others) * (P * kp * nr) if others else _i(0), nest
 
 
 def _vnni_panels(k: Kernel, b: Load, red: Reduce, n_v: Var, nr: int, K: int) -> tuple[Expr, int] | None:
@@ -316,8 +396,9 @@ def _nest(k: Kernel, c: Compute, red: Reduce, b: Load, b_base: Expr, rows: Rows,
         k.extern_ir[kern.name] = kern.ir_text
         a0 = Addr(a_buf, (substitute(rows.a_flat, {q: q0, **o_of}),))
         a1 = Addr(a_buf, (substitute(rows.a_flat, {q: q0 + kern_mr, **o_of}),)) if kern_mt == 2 else a0
-        call = Call(kern.name, (a0, a1, _i(rows.lda), Addr(b.buf, (b_base + j * (K * nr),)), Addr(ct, (_i(0),)),
-                                _i(4 * nr)) + step_args + (Const(0, "int32"),))
+        b_at = Addr(b.buf, (substitute(b_base, o_of) + j * (K * nr),))  # B packed per batch point: base depends on o
+        call = Call(kern.name, (a0, a1, _i(rows.lda), b_at, Addr(ct, (_i(0),)), _i(4 * nr)) + step_args
+                    + (Const(0, "int32"),))
         ni, r = Var(f"ani{tag}"), Var(f"ar{tag}")
         qr = q0 + r
         n_expr = j * nr + ni
@@ -347,6 +428,27 @@ def _nest(k: Kernel, c: Compute, red: Reduce, b: Load, b_base: Expr, rows: Rows,
     # j fastest when every panel fits half of L2 beside the A block (the block's A tiles then serve all panels)
     b_bytes = P * K * nr * 2
     panel_fastest = b_bytes <= target.l2_bytes // 2
+    edges: list[tuple[int, int]] = []   # (first row, rows): tiles of at most MR rows past the whole blocks
+    q_edge = n_blocks * block
+    while q_edge < M:
+        edges.append((q_edge, min(mr, M - q_edge)))
+        q_edge += edges[-1][1]
+    if edges and not panel_fastest and n_o * P >= 2 * threads:
+        # B streams from memory (a 7×7 or 14×14 conv's 1–5 MB of weights): one pass over it, each work item one
+        # panel with all its rows — the blocks, then the edge tiles, each with its own tile configuration —
+        # instead of a pass per edge nest (3 passes over B, measured ≈ 3× the time of these layers)
+        k.extern_ir[RELEASE] = release_ir()
+        for cfg_mr in {mr} | {rh for _, rh in edges}:
+            k.extern_ir[config_name("bf16", cfg_mr, KB)] = config_ir("bf16", cfg_mr, KB)
+        w, bl = Var(f"aw{tag}"), Var(f"abl{tag}")
+        o_of = _decode(others, w // P)
+        body: list[Stmt] = [Alloc(ct, "float32", (block, nr))]
+        if n_blocks:
+            body += [Call(config_name("bf16", mr, KB), ()),
+                     Loop(bl, _i(n_blocks), segment(o_of, bl * block, mt, mr, w % P))]
+        for q0, rh in edges:
+            body += [Call(config_name("bf16", rh, KB), ())] + segment(o_of, _i(q0), 1, rh, w % P)
+        return [Loop(w, _i(n_o * P), body + [Call(RELEASE, ())], "parallel" if threads > 1 else "serial")]
     out: list[Stmt] = []
     if n_blocks:
         def main_item(wi: Expr) -> list[Stmt]:
@@ -358,12 +460,8 @@ def _nest(k: Kernel, c: Compute, red: Reduce, b: Load, b_base: Expr, rows: Rows,
             return segment(o_of, (ob % n_blocks) * block, mt, mr, j)
         out.append(nest(n_o * n_blocks * P, main_item, mr))
     # edge rows: tiles of at most MR rows with MT = 1, each row count its own configuration
-    q_edge = n_blocks * block
-    while q_edge < M:
-        rows_here = min(mr, M - q_edge)
-
-        def edge_item(wi: Expr, q0: int = q_edge, rh: int = rows_here) -> list[Stmt]:
+    for q0, rh in edges:
+        def edge_item(wi: Expr, q0: int = q0, rh: int = rh) -> list[Stmt]:
             return segment(_decode(others, wi // P), _i(q0), 1, rh, wi % P)
-        out.append(nest(n_o * P, edge_item, rows_here))
-        q_edge += rows_here
+        out.append(nest(n_o * P, edge_item, rh))
     return out

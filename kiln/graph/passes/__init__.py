@@ -12,6 +12,7 @@ from kiln.graph.passes.eliminate_dead_code import eliminate_dead_code
 from kiln.graph.passes.fold_batchnorm import fold_batchnorm
 from kiln.graph.passes.fold_constants import fold_constants
 from kiln.graph.passes.fold_pad import fold_pad
+from kiln.graph.passes.fuse_gelu import fuse_gelu
 from kiln.graph.passes.materialize_outputs import materialize_outputs
 from kiln.graph.passes.pack_weights import pack_weights
 from kiln.graph.passes.precision import lower_precision
@@ -27,6 +28,7 @@ GRAPH_PASSES: list[tuple[str, Pass]] = [
     ("quantize_qdq", quantize_qdq),  # first: it needs the integer weights that fold_constants would dequantize
     ("fold_constants", fold_constants),
     ("eliminate_dead_code", eliminate_dead_code),
+    ("fuse_gelu", fuse_gelu),        # erf-GELU's five nodes → one Gelu: an anchor epilogue (kernel/build.py)
     ("fold_pad", fold_pad),
     ("fold_batchnorm", fold_batchnorm),
     ("eliminate_dead_code", eliminate_dead_code),
