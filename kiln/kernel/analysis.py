@@ -101,8 +101,9 @@ def fuse_contiguous_axes(c: Compute, shape_of: Callable[[str], tuple[int, ...]])
         for ld in accesses:
             flat = flat_index(ld.index, shape_of(ld.buf))
             ca, cb = coef(flat, a), coef(flat, b)
-            # an outer axis of extent 1 (a batch lowered per sample) fuses whatever its stride: a is always 0
-            lone = c.extents[-2] == 1 and ca is not None
+            # an outer axis of extent 1 (a batch lowered per sample) fuses whatever its stride: a is always 0 — in a
+            # compute whose hints name no axes by position (an anchor's m_axis / n_axis would go stale)
+            lone = c.extents[-2] == 1 and ca is not None and not any(h.endswith("_axis") for h in c.hints)
             if ca is None or cb is None or (ca != cb * B and not lone) or \
                     any(_uses(i, (a, b)) for i in _index_loads(ld)):
                 ok = False
