@@ -37,6 +37,7 @@ from kiln.kernel.ir import (
     Local,
     LocalRef,
     Loop,
+    Prefetch,
     Stmt,
     Store,
     init_value,
@@ -134,6 +135,8 @@ class KernelEmitter:
             elif isinstance(s, Call):
                 self.call(b, em, s)
                 em.forget_loads()
+            elif isinstance(s, Prefetch):
+                self.prefetch(b, em, s)
             elif isinstance(s, If):
                 c, is_vec = em.ev(s.cond)
                 assert not is_vec, "If conditions must be uniform"
@@ -156,6 +159,15 @@ class KernelEmitter:
         if fn is None:
             fn = ir.Function(self.m, ir.FunctionType(ir.VoidType(), [a.type for a in args]), s.fn)
         b.call(fn, args)
+
+    def prefetch(self, b: ir.IRBuilder, em: ExprEmitter, s: Prefetch) -> None:
+        """llvm.prefetch (read, data) of buf[index]; in a vector loop, of lane 0's element. Not bounds-checked: a
+        prefetch never faults and reads nothing."""
+        ptr, dtype, flat = em.address(s.buf, s.index)
+        idx = em._at_base(flat) if em.vec is not None else em.index(flat)
+        p = b.gep(ptr, [idx], source_etype=MEMORY[dtype])
+        fn = em._decl("llvm.prefetch.p0", ir.VoidType(), [PTR, I32, I32, I32])
+        b.call(fn, [p, ir.Constant(I32, 0), ir.Constant(I32, s.locality), ir.Constant(I32, 1)])
 
     def entry_alloca(self, b: ir.IRBuilder, t: ir.Type) -> ir.Value:
         """Allocas in the entry block so mem2reg turns accumulators into registers."""

@@ -438,7 +438,17 @@ class Call:
     args: tuple[Expr, ...]
 
 
-Stmt = Loop | Store | Local | Assign | If | Alloc | Call
+@dataclass
+class Prefetch:
+    """A hint: bring the cache line holding buf[index] into the cache (`locality` 3: all levels, L1 included; 0:
+    none kept). In a vector loop the address is lane 0's. It never faults, so the index may run past the buffer's
+    end (a prefetch distance ahead of a reduction's last step): nothing is read or checked."""
+    buf: str
+    index: tuple[Expr, ...]
+    locality: int = 3
+
+
+Stmt = Loop | Store | Local | Assign | If | Alloc | Call | Prefetch
 
 
 @dataclass
@@ -494,6 +504,8 @@ def format_stmts(stmts: list[Stmt], depth: int) -> list[str]:
             out.append(f"{pad}alloc {s.name}: {s.dtype}{list(s.shape)}")
         elif isinstance(s, Call):
             out.append(f"{pad}call {s.fn}({', '.join(map(repr, s.args))})")
+        elif isinstance(s, Prefetch):
+            out.append(f"{pad}prefetch {s.buf}[{', '.join(map(repr, s.index))}] locality={s.locality}")
         elif isinstance(s, If):
             out.append(f"{pad}if {s.cond!r}:")
             out += format_stmts(s.body, depth + 1)

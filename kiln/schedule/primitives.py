@@ -15,6 +15,7 @@ from kiln.kernel.ir import (
     Local,
     LocalRef,
     Loop,
+    Prefetch,
     Reduce,
     Stmt,
     Store,
@@ -76,6 +77,8 @@ def rename(stmts: list[Stmt], mapping: dict[Expr, Expr]) -> list[Stmt]:
             out.append(If(substitute(s.cond, mapping), rename(s.body, mapping), rename(s.orelse, mapping)))
         elif isinstance(s, Call):
             out.append(Call(s.fn, tuple(substitute(a, mapping) for a in s.args)))
+        elif isinstance(s, Prefetch):
+            out.append(Prefetch(s.buf, tuple(substitute(e, mapping) for e in s.index), s.locality))
         elif isinstance(s, Alloc):
             out.append(s)
         else:

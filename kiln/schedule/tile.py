@@ -52,6 +52,7 @@ from kiln.kernel.ir import (
 )
 from kiln.schedule.config import Decisions, divisors, powers_of_two
 from kiln.schedule.guards import split_interior
+from kiln.schedule.prefetch import prefetch_knob, prefetch_panel
 from kiln.schedule.primitives import combine
 from kiln.target import Target
 
@@ -72,6 +73,8 @@ class TileShape:
     # > 0: the reduction's first axis (a conv's input channels) innermost, in blocks of this many channels (the
     # taps loop over each block): no broadcast is live across kernel taps
     channel_block: int = 0
+    # > 0: prefetch the packed weight panel this many reduction steps ahead (schedule/prefetch.py)
+    prefetch: int = 0
 
 
 def _depends(e: Expr, v: Var) -> bool:
@@ -181,7 +184,8 @@ def _packed_tile(c: Compute, red: Reduce, target: Target, dec: Decisions) -> Til
         if flat:
             mr, rows = flat_mr, flat_rows
     mr = int(dec.knob("mr", mr, mr_domain(rows, regs, nvec)))
-    return TileShape(m_axis, n_axis, mr, nr, lanes, flat, cb)
+    pf = prefetch_knob(dec, nr, red.axes[0][1], target) if len(red.axes) == 1 and "spatial" not in c.hints else 0
+    return TileShape(m_axis, n_axis, mr, nr, lanes, flat, cb, pf)
 
 
 def _depthwise_rows_tile(c: Compute, target: Target, dec: Decisions) -> TileShape | None:
@@ -421,7 +425,8 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
         update: Stmt = Loop(mi, Const(t.mr, "int64"),
                             [Assign(acc, combine("sum", LocalRef(acc, red.dtype, mi), term), mi)], "unroll")
         for i, (v, e) in enumerate(reversed(red_axes)):
-            update = Loop(v, Const(e, "int64"), [update], "unroll" if i == 0 and unroll_last else "serial")
+            ahead = prefetch_panel(term, v, ni, t.prefetch, t.nr) if i == 0 else []
+            update = Loop(v, Const(e, "int64"), [*ahead, update], "unroll" if i == 0 and unroll_last else "serial")
         out_idx = substitute_all(c.store_index, {m_v: m_expr, n_v: n_expr})
         epilogue = substitute(c.body, {red: LocalRef(acc, red.dtype, mi), m_v: m_expr, n_v: n_expr})
         store: Stmt = Store(c.out, out_idx, epilogue)
