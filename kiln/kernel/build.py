@@ -120,7 +120,8 @@ def can_inline(prod: Group, cons: Group, consumer: Node, options: dict[str, bool
         copies = _count_loads(cons_last.body, last.out)
         return (OPS[consumer.op].kind not in ("anchor",) and options.get("fuse_elementwise", True)
                 and (copies <= 1 or copies * len(walk(last.body)) <= MAX_DUPLICATED_NODES))
-    # epilogue: the consumer reads the anchor once, at its own output index, over the same domain — unless the
+    # epilogue: the consumer reads the anchor at its own output index only (once, or more often at that one point:
+    # GELU's x·Φ(x) — the copies are one expression, one accumulator), over the same domain — unless the
     # consumer already carries a Winograd output transform (16 loads and selects per output: cheaper in its own
     # transposed schedule, reading the anchor's result, than in the anchor's tile epilogue)
     loads = _loads_of(cons_last.body, last.out)
@@ -128,7 +129,6 @@ def can_inline(prod: Group, cons: Group, consumer: Node, options: dict[str, bool
             and "winograd" not in cons_last.hints
             and cons_last.store is None and cons_last.extents == last.extents
             and len(loads) == 1 and _same_point(loads[0].index, cons_last.axes, cons_last.extents)
-            and _count_loads(cons_last.body, last.out) == 1
             and not any(isinstance(x, Reduce) for x in walk(cons_last.body)))
 
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from kiln.graph.ir import Graph
 from kiln.graph.passes.block_layout import block_layout
 from kiln.graph.passes.conv1d_as_2d import conv1d_as_2d
+from kiln.graph.passes.elementwise_through_views import elementwise_through_views
 from kiln.graph.passes.eliminate_dead_code import eliminate_dead_code
 from kiln.graph.passes.fold_batchnorm import fold_batchnorm
 from kiln.graph.passes.fold_constants import fold_constants
@@ -29,6 +30,8 @@ GRAPH_PASSES: list[tuple[str, Pass]] = [
     ("fold_pad", fold_pad),
     ("fold_batchnorm", fold_batchnorm),
     ("eliminate_dead_code", eliminate_dead_code),
+    ("elementwise_through_views", elementwise_through_views),
+    ("eliminate_dead_code", eliminate_dead_code),  # the views it bypassed
     ("conv1d_as_2d", conv1d_as_2d),
     ("block_layout", block_layout),
     ("winograd", winograd_conv),
