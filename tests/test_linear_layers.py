@@ -164,3 +164,45 @@ def test_loop_printing_shows_prefetch() -> None:
     text = str(c.program.kernels[0])
     assert "prefetch b1[" in text and "locality=3" in text, text
     assert any(isinstance(s, Loop) for s in c.program.kernels[0].body)
+
+
+# -- recognize_gelu: the exporters' spelled-out GELU -------------------------------------------------------------------
+def _gelu_model(spelling: str) -> onnx.ModelProto:
+    """Linear(64 → 48) then GELU spelled out as exporters write it; `spelling`: "div" (x·(1 + erf(x/√2))·0.5, the
+    zoo's and torch.onnx's), "mul_half_first" ((x·0.5)·(1 + erf(x·(1/√2)))), or "shared_erf" (the erf also a graph
+    output: must stay spelled out)."""
+    rng = np.random.default_rng(4)
+    consts = {"W": rng.standard_normal((64, 48), dtype=np.float32) * 0.2,
+              "b": rng.standard_normal(48, dtype=np.float32),
+              "sqrt2": np.array(np.sqrt(2.0), np.float32), "isqrt2": np.array(1 / np.sqrt(2.0), np.float32),
+              "one": np.array(1.0, np.float32), "half": np.array(0.5, np.float32)}
+    mk = helper.make_node
+    nodes = [mk("MatMul", ["x", "W"], ["mm"]), mk("Add", ["mm", "b"], ["h"])]
+    if spelling == "mul_half_first":
+        nodes += [mk("Mul", ["h", "isqrt2"], ["d"]), mk("Erf", ["d"], ["e"]), mk("Add", ["one", "e"], ["a"]),
+                  mk("Mul", ["h", "half"], ["hh"]), mk("Mul", ["hh", "a"], ["y"])]
+    else:
+        nodes += [mk("Div", ["h", "sqrt2"], ["d"]), mk("Erf", ["d"], ["e"]), mk("Add", ["e", "one"], ["a"]),
+                  mk("Mul", ["h", "a"], ["p"]), mk("Mul", ["p", "half"], ["y"])]
+    outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [24, 48])]
+    if spelling == "shared_erf":
+        outs.append(helper.make_tensor_value_info("e", TensorProto.FLOAT, [24, 48]))
+    g = helper.make_graph(nodes, "gelu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [24, 64])], outs,
+                          [numpy_helper.from_array(v, k) for k, v in consts.items()])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("spelling", ["div", "mul_half_first", "shared_erf"])
+def test_recognize_gelu(width: str, spelling: str) -> None:
+    """The spelled-out GELU becomes one Gelu node fused into the GEMM (one kernel), and matches onnxruntime to 1e-5
+    of the output's scale; with the erf read elsewhere it stays spelled out (and still matches)."""
+    model = _gelu_model(spelling)
+    feeds = {"x": np.random.default_rng(5).standard_normal((24, 64), dtype=np.float32)}
+    check(model, feeds, 1e-5, target=width)
+    c = lower(model, resolve("host"), 2, check_options({}), stop_after="kernels")
+    gelus = [n for n in c.graph.nodes if n.op == "Gelu"]
+    if spelling == "shared_erf":
+        assert not gelus
+    else:
+        assert len(gelus) == 1 and [k.name.split("_", 1)[1] for k in c.program.kernels] == ["packedmatmul"], \
+            [k.name for k in c.program.kernels]

@@ -17,6 +17,7 @@ from kiln.graph.passes.materialize_outputs import materialize_outputs
 from kiln.graph.passes.pack_weights import pack_weights
 from kiln.graph.passes.precision import lower_precision
 from kiln.graph.passes.quantize_qdq import quantize_qdq
+from kiln.graph.passes.recognize_gelu import recognize_gelu
 from kiln.graph.passes.winograd import winograd_conv
 from kiln.target import Target
 
@@ -27,6 +28,7 @@ GRAPH_PASSES: list[tuple[str, Pass]] = [
     ("quantize_qdq", quantize_qdq),  # first: it needs the integer weights that fold_constants would dequantize
     ("fold_constants", fold_constants),
     ("eliminate_dead_code", eliminate_dead_code),
+    ("recognize_gelu", recognize_gelu),
     ("fold_pad", fold_pad),
     ("fold_batchnorm", fold_batchnorm),
     ("eliminate_dead_code", eliminate_dead_code),

@@ -25,11 +25,11 @@ def _unit_lead(wide: tuple[int, ...], narrow: tuple[int, ...]) -> bool:
     return j > 0 and wide[j:] == narrow and all(d == 1 for d in wide[:j])
 
 
-def _view_source(v: Value, shape: tuple[int, ...], users: dict[int, list[Node]]) -> Value | None:
+def _view_source(v: Value, shape: tuple[int, ...], users: dict[int, list[Node]], outputs: set[int]) -> Value | None:
     """The value a unit-axis view `v` (of the op's full output shape) shows, if the view is its only reader and
     the op the view's only reader (then the op can fuse into the value's producer), else None."""
     p = v.producer
-    if p is None or p.op != "Reshape" or v.shape != shape or len(users.get(id(v), [])) != 1:
+    if p is None or p.op != "Reshape" or v.shape != shape or len(users.get(id(v), [])) != 1 or id(v) in outputs:
         return None
     src = p.inputs[0]
     return src if _unit_lead(v.shape, src.shape) and len(users.get(id(src), [])) == 1 else None
@@ -46,14 +46,14 @@ def elementwise_through_views(g: Graph) -> Graph:
         y = n.outputs[0]
         if id(y) in outputs:
             continue
-        src = next((s for s in (_view_source(v, y.shape, users) for v in n.inputs) if s is not None), None)
+        src = next((s for s in (_view_source(v, y.shape, users, outputs) for v in n.inputs) if s is not None), None)
         if src is None:
             continue
         rank = len(src.shape)
         pre: list[Node] = []
         inputs: list[Value] = []
         for v in n.inputs:
-            s = _view_source(v, y.shape, users)
+            s = _view_source(v, y.shape, users, outputs)
             if s is not None and s.shape == src.shape:
                 inputs.append(s)
             elif len(v.shape) <= rank:
