@@ -206,3 +206,81 @@ def test_recognize_gelu(width: str, spelling: str) -> None:
     else:
         assert len(gelus) == 1 and [k.name.split("_", 1)[1] for k in c.program.kernels] == ["packedmatmul"], \
             [k.name for k in c.program.kernels]
+
+
+# -- attention: the head split read in place, the SDPA scale on the scores ------------------------------------------
+class SelfAttention(nn.Module):
+    """BERT's self-attention (kiln.zoo.torch_models.BertSelfAttention, small): SDPA on [b, heads, s, d] views."""
+
+    def __init__(self, hidden: int = 64, heads: int = 4) -> None:
+        super().__init__()
+        self.heads = heads
+        self.q, self.k, self.v, self.o = (nn.Linear(hidden, hidden) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        split = lambda t: t.view(b, s, self.heads, h // self.heads).transpose(1, 2)  # noqa: E731
+        ctx = nn.functional.scaled_dot_product_attention(split(self.q(x)), split(self.k(x)), split(self.v(x)))
+        return self.o(ctx.transpose(1, 2).reshape(b, s, h))
+
+
+def test_attention_matches_eager(width: str) -> None:
+    torch.manual_seed(1)
+    check_module(SelfAttention().eval(), [torch.randn(1, 24, 64)], width)
+
+
+def test_attention_reads_q_and_v_in_place() -> None:
+    """SDPA's q·√scale and k·√scale move to the scores (scale_after_matmul: one multiply in the bmm's epilogue), and
+    the bmms read Q and V through their head-split views (kernel/build.py): the only copies left are Kᵀ (strided
+    along the scores' vectors) and the context's merge — before, Q·s, Kᵀ·s and V were three copies."""
+    torch.manual_seed(1)
+    names = [k.name.split("_", 1)[1] for k in _torch_kernels(SelfAttention().eval(), torch.randn(1, 24, 64))]
+    assert names.count("transpose") == 2 and "mul" not in names, names
+    assert names.count("matmul") == 2 and names.count("packedmatmul") == 4, names
+
+
+def _onnx_attention() -> onnx.ModelProto:
+    """The ONNX exporters' attention core: q, k, v [1, s, H·d] → Reshape [1, s, H, d] → Transpose (k to Kᵀ) →
+    MatMul → Div(√d) → Softmax → MatMul → Transpose → Reshape."""
+    s, heads, d = 24, 4, 16
+    mk = helper.make_node
+    consts = {"split": np.array([1, s, heads, d], np.int64), "merge": np.array([1, s, heads * d], np.int64),
+              "sqrt_d": np.array(np.sqrt(d), np.float32)}
+    nodes = [mk("Reshape", ["q", "split"], ["q4"]), mk("Transpose", ["q4"], ["qh"], perm=[0, 2, 1, 3]),
+             mk("Reshape", ["k", "split"], ["k4"]), mk("Transpose", ["k4"], ["kt"], perm=[0, 2, 3, 1]),
+             mk("Reshape", ["v", "split"], ["v4"]), mk("Transpose", ["v4"], ["vh"], perm=[0, 2, 1, 3]),
+             mk("MatMul", ["qh", "kt"], ["sc"]), mk("Div", ["sc", "sqrt_d"], ["scd"]),
+             mk("Softmax", ["scd"], ["p"], axis=-1), mk("MatMul", ["p", "vh"], ["ctx"]),
+             mk("Transpose", ["ctx"], ["ct"], perm=[0, 2, 1, 3]), mk("Reshape", ["ct", "merge"], ["y"])]
+    ins = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, s, heads * d]) for n in "qkv"]
+    g = helper.make_graph(nodes, "attn", ins, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, s, 64])],
+                          [numpy_helper.from_array(v, k) for k, v in consts.items()])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_onnx_attention_reads_q_and_v_in_place(width: str) -> None:
+    model = _onnx_attention()
+    rng = np.random.default_rng(6)
+    check(model, {n: rng.standard_normal((1, 24, 64), dtype=np.float32) for n in "qkv"}, 1e-5, target=width)
+    names = [k.name.split("_", 1)[1] for k in
+             lower(model, resolve("host"), 2, check_options({}), stop_after="kernels").program.kernels]
+    assert names.count("transpose") == 2 and names.count("matmul") == 2, names  # Kᵀ and the merge copied
+
+
+def test_scale_after_matmul_numerics(width: str) -> None:
+    """MatMul(Mul(a, 0.3), Mul(Reshape(b), 1.7)) = 0.51·MatMul(a, b) to float32 rounding (vs onnxruntime)."""
+    mk = helper.make_node
+    consts = {"s": np.array(0.3, np.float32), "t": np.array(1.7, np.float32), "shape": np.array([2, 16, 24], np.int64)}
+    nodes = [mk("Mul", ["a", "s"], ["as"]), mk("Mul", ["t", "b"], ["bs"]), mk("Reshape", ["bs", "shape"], ["bv"]),
+             mk("MatMul", ["as", "bv"], ["y"])]
+    g = helper.make_graph(nodes, "scaled", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 20, 16]),
+                                            helper.make_tensor_value_info("b", TensorProto.FLOAT, [2, 384])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 20, 24])],
+                          [numpy_helper.from_array(v, k) for k, v in consts.items()])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    rng = np.random.default_rng(7)
+    check(model, {"a": rng.standard_normal((2, 20, 16), dtype=np.float32),
+                  "b": rng.standard_normal((2, 384), dtype=np.float32)}, 1e-5, target=width)
+    c = lower(model, resolve("host"), 2, check_options({}), stop_after="kernels")
+    assert [n.op for n in c.graph.nodes if n.op in ("Mul", "MatMul")] == ["MatMul", "Mul"]
+    assert [k.name.split("_", 1)[1] for k in c.program.kernels] == ["matmul"]

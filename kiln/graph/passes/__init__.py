@@ -18,6 +18,7 @@ from kiln.graph.passes.pack_weights import pack_weights
 from kiln.graph.passes.precision import lower_precision
 from kiln.graph.passes.quantize_qdq import quantize_qdq
 from kiln.graph.passes.recognize_gelu import recognize_gelu
+from kiln.graph.passes.scale_after_matmul import scale_after_matmul
 from kiln.graph.passes.winograd import winograd_conv
 from kiln.target import Target
 
@@ -29,6 +30,7 @@ GRAPH_PASSES: list[tuple[str, Pass]] = [
     ("fold_constants", fold_constants),
     ("eliminate_dead_code", eliminate_dead_code),
     ("recognize_gelu", recognize_gelu),
+    ("scale_after_matmul", scale_after_matmul),
     ("fold_pad", fold_pad),
     ("fold_batchnorm", fold_batchnorm),
     ("eliminate_dead_code", eliminate_dead_code),
