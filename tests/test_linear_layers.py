@@ -147,6 +147,8 @@ def test_packed_tile_prefetches_its_panel_a_page_ahead(width: str) -> None:
     assert len(pf) == -(-nr * 4 // 64), pf
     assert all(repr(p.index[1]).endswith(f"+ {4096 // (nr * 4)})") for p in pf), [repr(p.index) for p in pf]
     assert _prefetches(model, width, {"0:prefetch": 0}) == []
+    off = lower(model, resolve(width), 2, check_options({"prefetch": False}), stop_after="kernels").program.kernels
+    assert not [s for s in _nest(off[0].body) if isinstance(s, Prefetch)], "the switch prefetch=False"
     x = np.random.default_rng(3).standard_normal((40, 256), dtype=np.float32)
     check(model, {"x": x}, 1e-5, target=width)
 
