@@ -22,10 +22,11 @@ from kiln.target import Target, host, missing_features, resolve
 __version__ = "0.1.0"
 
 # every switch the pipeline understands (all on by default); `kiln bench --ablate` turns each off in turn
-PASS_OPTIONS: tuple[str, ...] = ("quantize_qdq", "fold_constants", "fuse_gelu", "fold_pad", "fold_batchnorm",
-                                 "conv1d_as_2d", "block_layout", "winograd", "pack_weights", "lower_precision",
-                                 "fusion", "fuse_elementwise", "fuse_epilogue", "fuse_axes", "vectorize",
-                                 "register_tile", "pack_operands", "parallel", "memory_reuse", "amx")
+PASS_OPTIONS: tuple[str, ...] = ("quantize_qdq", "fold_constants", "recognize_gelu", "fold_pad", "fold_batchnorm",
+                                 "scale_after_matmul", "elementwise_through_views", "conv1d_as_2d",
+                                 "block_layout", "winograd", "pack_weights", "lower_precision", "fusion",
+                                 "fuse_elementwise", "fuse_epilogue", "fuse_axes", "vectorize", "register_tile",
+                                 "prefetch", "pack_operands", "parallel", "memory_reuse", "amx")
 # switches that only matter for precision="bf16" (`kiln bench --ablate` skips them for an fp32 build)
 PRECISION_OPTIONS: tuple[str, ...] = ("lower_precision", "amx")
 

@@ -3,7 +3,8 @@
 Fusion here is *inlining*: a producer's expression is substituted into its consumer's loads when
   * the producer has one consumer, is not a graph output, and writes its whole output in one compute;
   * and either it is cheap elementwise/data movement (no reduction) and the consumer is not an anchor
-    (MatMul/Conv/Pool keep plain loads), or the consumer reads it exactly once at the same index
+    (MatMul/Conv/Pool keep plain loads — except a plain MatMul reading a pure data movement that stays unit-stride
+    along its vectors: attention's head split), or the consumer reads it only at its own index
     (an epilogue: bias, BatchNorm, activation, residual add applied on the anchor's accumulator).
 Reshape-like ops are views: no kernel, the consumer reads the same storage with its own shape."""
 from __future__ import annotations
@@ -18,6 +19,7 @@ import kiln.kernel.lower_winograd  # noqa: F401  (registers the Winograd stages'
 from kiln.errors import UnsupportedOperator
 from kiln.graph.ir import Graph, Node, Value
 from kiln.graph.ops import OPS
+from kiln.kernel.analysis import coef, flat_index
 from kiln.kernel.dynamic import DynamicDims, max_graph, reshape_copy, reshape_is_view, runtime_extents
 from kiln.kernel.ir import Buffer, Compute, Const, Expr, Kernel, Load, Reduce, children, rebuild, substitute, walk
 from kiln.kernel.lower import Lowered, axes_for, lower_node
@@ -106,7 +108,28 @@ def _same_point(index: tuple[Expr, ...], axes: tuple[Expr, ...], extents: tuple[
         i == a or (n == 1 and isinstance(i, Const) and i.value == 0) for i, a, n in zip(index, axes, extents))
 
 
-def can_inline(prod: Group, cons: Group, consumer: Node, options: dict[str, bool]) -> bool:
+def _movement_into_matmul(prod: Group, cons: Group, consumer: Node, shapes: dict[str, tuple[int, ...]]) -> bool:
+    """A pure data-movement producer (Transpose, Slice, …: one compute whose body is one Load) read by a plain fp32
+    MatMul built directly, where the inlined operand stays unit-stride or uniform along the MatMul's vector axis (its
+    last, the tile's n): attention's head split, Q = x[s, h, d] as A[h, s, d] and V as B[h, s, d], is then read in
+    place instead of copied out first (Kᵀ, B[h, d, s] = x[s, h, d], is strided along n and keeps its copy)."""
+    last = prod.computes[-1]
+    if (len(prod.computes) != 1 or not isinstance(last.body, Load) or consumer.op != "MatMul"
+            or consumer.attrs.get("strategy", "direct") != "direct"
+            or consumer.attrs.get("precision", "fp32") != "fp32"):
+        return False
+    cons_last = cons.computes[-1]
+    n = cons_last.axes[-1]
+    for ld in _loads_of(cons_last.body, last.out):
+        src = substitute(last.body, dict(zip(last.axes, ld.index)))
+        if not isinstance(src, Load) or src.buf not in shapes or \
+                coef(flat_index(src.index, shapes[src.buf]), n) not in (0, 1):
+            return False
+    return True
+
+
+def can_inline(prod: Group, cons: Group, consumer: Node, options: dict[str, bool],
+               shapes: dict[str, tuple[int, ...]] | None = None) -> bool:
     if not options.get("fusion", True):
         return False
     last = prod.computes[-1]
@@ -120,20 +143,21 @@ def can_inline(prod: Group, cons: Group, consumer: Node, options: dict[str, bool
         # a consumer that reads the producer k times gets k copies of its expression: bound the growth, or a
         # chain of such ops (Softplus, HardSwish, float16 rounding) grows exponentially
         copies = _count_loads(cons_last.body, last.out)
-        return (OPS[consumer.op].kind not in ("anchor",) and options.get("fuse_elementwise", True)
+        if OPS[consumer.op].kind == "anchor":
+            return options.get("fuse_elementwise", True) and shapes is not None and \
+                _movement_into_matmul(prod, cons, consumer, shapes)
+        return (options.get("fuse_elementwise", True)
                 and (copies <= 1 or copies * len(walk(last.body)) <= MAX_DUPLICATED_NODES))
-    # epilogue: the consumer reads the anchor at its own output index (once; twice for a unary op such as Gelu,
-    # x·Φ(x) — both reads become the same Reduce, which walk() and substitute() treat as one: the schedules
-    # compute it once), over the same domain — unless the consumer already carries a Winograd output transform
-    # (16 loads and selects per output: cheaper in its own transposed schedule, reading the anchor's result,
-    # than in the anchor's tile epilogue)
+    # epilogue: the consumer reads the anchor at its own output index only (once, or more often at that one point:
+    # GELU's x·Φ(x) — the copies are one expression, one accumulator), over the same domain — unless the
+    # consumer already carries a Winograd output transform (16 loads and selects per output: cheaper in its own
+    # transposed schedule, reading the anchor's result, than in the anchor's tile epilogue)
     loads = _loads_of(cons_last.body, last.out)
     kind = OPS[consumer.op].kind
     return (options.get("fuse_epilogue", True) and kind in ("unary", "binary")
             and "winograd" not in cons_last.hints
             and cons_last.store is None and cons_last.extents == last.extents
             and len(loads) == 1 and _same_point(loads[0].index, cons_last.axes, cons_last.extents)
-            and _count_loads(cons_last.body, last.out) <= (2 if kind == "unary" else 1)
             and not any(isinstance(x, Reduce) for x in walk(cons_last.body)))
 
 
@@ -150,6 +174,40 @@ def inline(prod: Group, cons: Group) -> Group:
     return Group(merged, prod.temps + cons.temps, prod.nodes + cons.nodes, cons.output)
 
 
+def _unit_reindex(index: tuple[Expr, ...], shape: tuple[int, ...], to: tuple[int, ...]) -> tuple[Expr, ...] | None:
+    """The index into `to` of the element at `index` into `shape`, when the two shapes differ only by size-1 axes
+    (a view that adds or drops unit axes: [1, 12, 128, 64] ↔ [12, 128, 64]); else None."""
+    kept = [i for i, d in zip(index, shape) if d != 1]
+    if [d for d in shape if d != 1] != [d for d in to if d != 1]:
+        return None
+    it = iter(kept)
+    return tuple(Const(0, "int64") if d == 1 else next(it) for d in to)
+
+
+def _through_unit_view(v: Value, g: Group, by_name: dict[str, Value], view_of: dict[str, str],
+                       users: dict[int, list[Node]], outputs: set[int]) -> tuple[Value | None, Group]:
+    """If `v` is a chain of unit-axis views (each read only by the next, none a graph output) of a value, that value
+    and `g` with its loads of `v` re-indexed into it — so the value's producer can inline as if read directly
+    (torch's `expand → view` before a bmm); else (None, g)."""
+    chain = [v]
+    while chain[-1].name in view_of:
+        if len(users.get(id(chain[-1]), [])) != 1 or id(chain[-1]) in outputs:
+            return None, g
+        chain.append(by_name[view_of[chain[-1].name]])
+    src = chain[-1]
+    if len(chain) == 1 or _unit_reindex(tuple(Const(0, "int64") for _ in v.shape), v.shape, src.shape) is None:
+        return None, g
+
+    def retarget(ld: Load) -> Expr:
+        return Load(src.name, _unit_reindex(ld.index, v.shape, src.shape), ld.dtype)  # type: ignore[arg-type]
+    last = g.computes[-1]
+    moved = Compute(last.out, last.axes, last.extents, _replace_loads(last.body, v.name, retarget), last.store,
+                    last.hints)
+    if any(_loads_of(c.body, v.name) for c in g.computes[:-1]):
+        return None, g
+    return src, Group(g.computes[:-1] + [moved], g.temps, g.nodes, g.output)
+
+
 def build_program(graph: Graph, options: dict[str, bool], dims: DynamicDims | None = None) -> Program:
     """`dims`: the graph's symbolic dims (kernel/dynamic.py): lowering then runs on the graph at its upper bounds
     (the max layouts) and each loop gets its run-time extent."""
@@ -160,6 +218,8 @@ def build_program(graph: Graph, options: dict[str, bool], dims: DynamicDims | No
     outputs = {id(v) for v in graph.outputs}
     group_of: dict[int, Group] = {}   # id(value) → group producing it (not yet emitted as a kernel)
     order: list[Group] = []
+    by_name = {v.name: v for v in graph.values()}
+    shapes = {name: v.shape for name, v in by_name.items()}
     for n in graph.nodes:
         if n.op in VIEW_OPS and (dims is None or reshape_is_view(dims.shape_of(n.inputs[0]),
                                                                   dims.shape_of(n.outputs[0]))):
@@ -176,9 +236,14 @@ def build_program(graph: Graph, options: dict[str, bool], dims: DynamicDims | No
         g = Group(low.computes, low.temps, [n], n.outputs[0])
         for v in n.inputs:
             p = group_of.get(id(v))
+            through = g
+            if p is None:  # a unit-axis view of a value only this node reads: read that value, re-indexed
+                src, through = _through_unit_view(v, g, by_name, prog.view_of, users, outputs)
+                p = group_of.get(id(src)) if src is not None else None
+                v = src if src is not None else v
             if (p is not None and p in order and len(users.get(id(v), [])) == 1 and id(v) not in outputs
-                    and n.inputs.count(v) == 1 and can_inline(p, g, n, options)):
-                g = inline(p, g)
+                    and n.inputs.count(v) <= 1 and can_inline(p, through, n, options, shapes)):
+                g = inline(p, through)
                 order.remove(p)
         group_of[id(n.outputs[0])] = g
         order.append(g)

@@ -88,6 +88,8 @@ def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: i
         k.strategies[c.hints.get("node", c.out)] = "direct"
     if options.get("register_tile", True) and options.get("vectorize", True):
         shape = choose_tile(k, c, target, dec)
+        if shape is not None and shape.prefetch and not options.get("prefetch", True):
+            shape = replace(shape, prefetch=0)  # the switch `prefetch` (schedule/prefetch.py)
         if shape is not None:
             plain = (lambda pc, ptag: schedule_compute(k, pc, ptag, target, threads, options)) \
                 if options.get("pack_operands", True) else None

@@ -56,7 +56,7 @@ from kiln.kernel.ir import (
 from kiln.schedule.config import Decisions, divisors, powers_of_two
 from kiln.schedule.guards import split_interior
 from kiln.schedule.prefetch import DISTANCES as PREFETCH_DISTANCES
-from kiln.schedule.prefetch import prefetch_ahead, streamed_loads
+from kiln.schedule.prefetch import prefetch_ahead, prefetch_knob, prefetch_panel, streamed_loads
 from kiln.schedule.primitives import combine
 from kiln.target import Target
 
@@ -77,6 +77,8 @@ class TileShape:
     # > 0: the reduction's first axis (a conv's input channels) innermost, in blocks of this many channels (the
     # taps loop over each block): no broadcast is live across kernel taps
     channel_block: int = 0
+    # > 0: prefetch the packed weight panel this many reduction steps ahead (schedule/prefetch.py)
+    prefetch: int = 0
 
 
 def _depends(e: Expr, v: Var) -> bool:
@@ -187,7 +189,8 @@ def _packed_tile(c: Compute, red: Reduce, target: Target, dec: Decisions) -> Til
         if flat:
             mr, rows = flat_mr, flat_rows
     mr = int(dec.knob("mr", mr, mr_domain(rows, regs, nvec)))
-    return TileShape(m_axis, n_axis, mr, nr, lanes, flat, cb)
+    pf = prefetch_knob(dec, nr, red.axes[0][1], target) if len(red.axes) == 1 and "spatial" not in c.hints else 0
+    return TileShape(m_axis, n_axis, mr, nr, lanes, flat, cb, pf)
 
 
 def _depthwise_rows_tile(c: Compute, target: Target, dec: Decisions) -> TileShape | None:
@@ -434,7 +437,9 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
 
     # the knob `prefetch`: the streamed operand prefetched this many reduction steps ahead (0: none; prefetch.py),
     # a knob only where the tile has a streamed operand
-    streams = streamed_loads(tile_term(False), red_axes[-1][0], ni, mi)
+    # (a packed weight panel's tile took its knob `prefetch` in _packed_tile, default one page ahead: t.prefetch)
+    packed_panel = "nr" in c.hints
+    streams = [] if packed_panel else streamed_loads(tile_term(False), red_axes[-1][0], ni, mi)
     distance = int(dec.knob("prefetch", 0, PREFETCH_DISTANCES)) if streams else 0
 
     def tile(edge: bool, term: Expr) -> Loop:
@@ -443,7 +448,8 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
         update: Stmt = Loop(mi, Const(t.mr, "int64"),
                             [Assign(acc, combine("sum", LocalRef(acc, red.dtype, mi), term), mi)], "unroll")
         for i, (v, e) in enumerate(reversed(red_axes)):
-            ahead = prefetch_ahead(term, v, ni, mi, t.nr, distance) if i == 0 else []
+            ahead = (prefetch_panel(term, v, ni, t.prefetch, t.nr) if packed_panel else
+                     prefetch_ahead(term, v, ni, mi, t.nr, distance)) if i == 0 else []
             update = Loop(v, as_extent(e), [*ahead, update], "unroll" if i == 0 and unroll_last else "serial")
         out_idx = substitute_all(c.store_index, {m_v: m_expr, n_v: n_expr})
         epilogue = substitute(c.body, {red: LocalRef(acc, red.dtype, mi), m_v: m_expr, n_v: n_expr})

@@ -8,15 +8,17 @@ from collections.abc import Callable
 from kiln.graph.ir import Graph
 from kiln.graph.passes.block_layout import block_layout
 from kiln.graph.passes.conv1d_as_2d import conv1d_as_2d
+from kiln.graph.passes.elementwise_through_views import elementwise_through_views
 from kiln.graph.passes.eliminate_dead_code import eliminate_dead_code
 from kiln.graph.passes.fold_batchnorm import fold_batchnorm
 from kiln.graph.passes.fold_constants import fold_constants
 from kiln.graph.passes.fold_pad import fold_pad
-from kiln.graph.passes.fuse_gelu import fuse_gelu
 from kiln.graph.passes.materialize_outputs import materialize_outputs
 from kiln.graph.passes.pack_weights import pack_weights
 from kiln.graph.passes.precision import lower_precision
 from kiln.graph.passes.quantize_qdq import quantize_qdq
+from kiln.graph.passes.recognize_gelu import recognize_gelu
+from kiln.graph.passes.scale_after_matmul import scale_after_matmul
 from kiln.graph.passes.winograd import winograd_conv
 from kiln.graph.symbolic import using_bounds
 from kiln.target import Target
@@ -28,10 +30,13 @@ GRAPH_PASSES: list[tuple[str, Pass]] = [
     ("quantize_qdq", quantize_qdq),  # first: it needs the integer weights that fold_constants would dequantize
     ("fold_constants", fold_constants),
     ("eliminate_dead_code", eliminate_dead_code),
-    ("fuse_gelu", fuse_gelu),        # erf-GELU's five nodes → one Gelu: an anchor epilogue (kernel/build.py)
+    ("recognize_gelu", recognize_gelu),
+    ("scale_after_matmul", scale_after_matmul),
     ("fold_pad", fold_pad),
     ("fold_batchnorm", fold_batchnorm),
     ("eliminate_dead_code", eliminate_dead_code),
+    ("elementwise_through_views", elementwise_through_views),
+    ("eliminate_dead_code", eliminate_dead_code),  # the views it bypassed
     ("conv1d_as_2d", conv1d_as_2d),
     ("block_layout", block_layout),
     ("winograd", winograd_conv),
