@@ -556,7 +556,8 @@ def format_stmts(stmts: list[Stmt], depth: int) -> list[str]:
         elif isinstance(s, Call):
             out.append(f"{pad}call {s.fn}({', '.join(map(repr, s.args))})")
         elif isinstance(s, Prefetch):
-            out.append(f"{pad}prefetch{'w' if s.write else ''} {s.buf}[{', '.join(map(repr, s.index))}]")
+            out.append(f"{pad}prefetch{'w' if s.write else ''} {s.buf}[{', '.join(map(repr, s.index))}] "
+                       f"locality={s.locality}")
         elif isinstance(s, If):
             out.append(f"{pad}if {s.cond!r}:")
             out += format_stmts(s.body, depth + 1)
