@@ -140,7 +140,9 @@ def test_prefetch_knob_emits_prefetches_and_keeps_numerics(name: str, width: str
     w = main_workload(model, t)
     space = Space(w.kernel, t, 2, {})
     knobs = [k for k in space.knobs.values() if k.name.endswith(":prefetch")]
-    assert knobs and all(k.default == 0 and k.domain == DISTANCES for k in knobs)
+    # a packed weight panel prefetches a page ahead by default (prefetch_knob); other tiles' streams do not (0)
+    assert knobs and all(k.domain == DISTANCES or 8 in k.domain for k in knobs)
+    by_default = any(k.default > 0 for k in knobs)
 
     def prefetches(stmts: list) -> list[tuple[Prefetch, Loop]]:
         out = []
@@ -150,7 +152,7 @@ def test_prefetch_knob_emits_prefetches_and_keeps_numerics(name: str, width: str
             if isinstance(s, Loop):
                 out += [(p, s) for p in s.body if isinstance(p, Prefetch)]
         return out
-    assert prefetches(schedule_candidate(w.kernel, t, 2, {}, space.default).body) == []
+    assert bool(prefetches(schedule_candidate(w.kernel, t, 2, {}, space.default).body)) == by_default
     record = {**space.default, **{k.name: 8 for k in knobs}}
     k = schedule_candidate(w.kernel, t, 2, {}, record)
     found = prefetches(k.body)

@@ -437,8 +437,8 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
 
     # the knob `prefetch`: the streamed operand prefetched this many reduction steps ahead (0: none; prefetch.py),
     # a knob only where the tile has a streamed operand
-    # (a packed weight panel's tile took its knob `prefetch` in _packed_tile, default one page ahead: t.prefetch)
-    packed_panel = "nr" in c.hints
+    # (a packed weight panel's tile took the knob `prefetch` in _packed_tile, default one page ahead: t.prefetch)
+    packed_panel = dec.prefix + "prefetch" in dec.values
     streams = [] if packed_panel else streamed_loads(tile_term(False), red_axes[-1][0], ni, mi)
     distance = int(dec.knob("prefetch", 0, PREFETCH_DISTANCES)) if streams else 0
 
