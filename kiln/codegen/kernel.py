@@ -41,6 +41,7 @@ from kiln.kernel.ir import (
     Prefetch,
     Stmt,
     Store,
+    hint,
     init_value,
 )
 from kiln.target import Target
@@ -344,6 +345,10 @@ class KernelEmitter:
         else:
             per = b.mul(nt, ir.Constant(I64, CHUNKS_PER_THREAD))
             by_work = ir.Constant(I64, int(self.k.flops // CHUNK_FLOPS))
+            if not isinstance(s.extent, Const):  # run-time extents: the kernel's FLOPs are its upper bound's, scale
+                # them by the iterations this call has (chunks sized for 512 tokens would split a 128-token GEMM's
+                # weight panels between the threads, each streaming them from memory)
+                by_work = b.sdiv(b.mul(by_work, total), ir.Constant(I64, max(1, hint(s.extent))))
             per = b.select(b.icmp_signed(">", by_work, per), by_work, per)
             most = b.mul(nt, ir.Constant(I64, MAX_CHUNKS_PER_THREAD))
             per = b.select(b.icmp_signed(">", per, most), most, per)
