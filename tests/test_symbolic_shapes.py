@@ -462,15 +462,23 @@ def test_conv1d_over_a_symbolic_length_with_a_folded_pad() -> None:
 
 
 def test_bind_reads_symbols_off_the_fed_shapes_and_refuses_disagreements() -> None:
-    inputs = [("ids", (batch, seq)), ("mask", (batch, 1, seq)), ("pos", (2 * seq, 4))]
+    """The run-time binder the Executable uses (kiln/runtime/shapes.py: no sympy at run time), on an executable's
+    dims as its metadata spells them."""
+    from types import SimpleNamespace
+
+    from kiln.runtime.shapes import bind
+    specs = [SimpleNamespace(name="ids", shape=("batch", "seq")),
+             SimpleNamespace(name="mask", shape=("batch", 1, "seq")),
+             SimpleNamespace(name="pos", shape=("(2 * seq)", 4))]
     bounds = {"batch": (1, 4), "seq": (1, 512)}
-    assert symbolic.bind(inputs, {"ids": (2, 7), "mask": (2, 1, 7), "pos": (14, 4)}, bounds) == {"batch": 2, "seq": 7}
-    for shapes, match in [({"ids": (2, 7), "mask": (2, 1, 8), "pos": (14, 4)}, r"'mask' axis 2: symbol 'seq' = 8, "
-                                                                               r"but input 'ids' axis 1 gave it 7"),
-                          ({"ids": (5, 7), "mask": (5, 1, 7), "pos": (14, 4)}, r"'batch' = 5 is outside .*\[1, 4\]"),
-                          ({"ids": (2, 7), "mask": (2, 2, 7), "pos": (14, 4)}, r"'mask' axis 1: size 2, expected 1"),
-                          ({"ids": (2, 7), "mask": (2, 1, 7), "pos": (15, 4)}, r"'pos' axis 0: size 15, expected "
-                                                                               r"2\*seq = 14"),
-                          ({"ids": (2, 7, 1), "mask": (2, 1, 7), "pos": (14, 4)}, r"'ids': rank 3")]:
+
+    def fed(*shapes: tuple[int, ...]) -> list[np.ndarray]:
+        return [np.zeros(sh, np.float32) for sh in shapes]
+    assert bind(specs, fed((2, 7), (2, 1, 7), (14, 4)), bounds) == {"batch": 2, "seq": 7}
+    for shapes, match in [(((2, 7), (2, 1, 8), (14, 4)), r"disagree on the symbolic dim 'seq': 7 in 'ids' \(dim 1\), 8"),
+                          (((5, 7), (5, 1, 7), (14, 4)), r"'batch' = 5 .*outside the bounds \[1, 4\]"),
+                          (((2, 7), (2, 2, 7), (14, 4)), r"'mask' .*dim 1 is fixed at 1"),
+                          (((2, 7), (2, 1, 7), (15, 4)), r"'pos' .*dim 0 must be \(2 \* seq\) = 14"),
+                          (((2, 7, 1), (2, 1, 7), (14, 4)), r"'ids' has rank 3")]:
         with pytest.raises(ValueError, match=match):
-            symbolic.bind(inputs, shapes, bounds)
+            bind(specs, fed(*shapes), bounds)
