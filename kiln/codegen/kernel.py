@@ -88,11 +88,22 @@ class KernelEmitter:
             a.attributes.add("noalias")
         b = ir.IRBuilder(fn.append_basic_block("entry"))
         em = self.emitter(b, list(fn.args))  # one emitter: a top-level Local must outlive its statement
-        for s in self.k.body:
-            if isinstance(s, Loop) and s.kind == "parallel":
-                self.parallel(b, list(fn.args), s)
-            else:
-                self.stmts(b, em, [s])
+
+        def top(stmts: list[Stmt]) -> None:
+            for s in stmts:
+                if isinstance(s, Loop) and s.kind == "parallel":
+                    self.parallel(b, list(fn.args), s)
+                elif isinstance(s, If) and _holds_parallel(s):  # a run-time choice between parallel nests (the
+                    c, is_vec = em.ev(s.cond)                    # regimes of schedule/default.py: regime_tiles)
+                    assert not is_vec, "If conditions must be uniform"
+                    with b.if_else(c) as (then, otherwise):
+                        with then:
+                            top(s.body)
+                        with otherwise:
+                            top(s.orelse)
+                else:
+                    self.stmts(b, em, [s])
+        top(self.k.body)
         b.ret_void()
         return fn
 
@@ -376,3 +387,8 @@ class KernelEmitter:
         else:
             b.call(pool, [worker, arr, chunks, nthreads])
 
+
+def _holds_parallel(s: If) -> bool:
+    """Does a top-level If choose between nests with parallel loops (which must be outlined like top-level ones)?"""
+    return any((isinstance(x, Loop) and x.kind == "parallel") or (isinstance(x, If) and _holds_parallel(x))
+               for x in s.body + s.orelse)
