@@ -23,6 +23,7 @@ import numpy as np
 
 from kiln.errors import ModelError
 from kiln.graph.ir import Graph, Node, TensorType, Value
+from kiln.graph.symbolic import is_static, upper
 from kiln.kernel.ir import Compute, Const, Expr, Load, Reduce, Sym, Var, substitute, walk
 from kiln.kernel.lower import Lowered, axes_for
 
@@ -34,24 +35,6 @@ _VALUE_OF_DIM = {"ArgReduce": "axis", "CumSum": "axis", "TopKIndex": "axis", "Re
 def _sympy():  # noqa: ANN202 - the module; imported only for symbolic graphs (static compiles never pay for it)
     import sympy
     return sympy
-
-
-def is_static(d: Any) -> bool:
-    return isinstance(d, (int, np.integer))
-
-
-def upper(d: Any, bounds: dict[str, tuple[int, int]]) -> int:
-    """The largest value of a dim over the bound box (every corner: dims are monotone in each symbol in practice,
-    and a corner evaluation is exact for the affine, product and floor-division dims shape rules make)."""
-    if is_static(d):
-        return int(d)
-    syms = sorted(d.free_symbols, key=lambda s: s.name)
-    best = None
-    for corner in range(1 << len(syms)):
-        vals = {s: bounds[s.name][(corner >> i) & 1] for i, s in enumerate(syms)}
-        v = int(d.subs(vals))
-        best = v if best is None else max(best, v)
-    return int(best)
 
 
 @dataclass
@@ -335,8 +318,6 @@ def check_node(n: Node, dims: DynamicDims) -> None:
     for ax in (axes if isinstance(axes, (list, tuple)) else (axes,)):
         if isinstance(ax, int) and not is_static(shape[ax]):
             raise _refuse(n, n.inputs[0].name, ax, shape[ax], f"{n.op} along it")
-    if n.op == "Reduce" and n.attrs.get("kind") == "mean":
-        pass
 
 
 def _refuse(n: Node, buf: str, axis: int, d: Any, how: str) -> ModelError:
