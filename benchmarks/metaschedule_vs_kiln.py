@@ -40,6 +40,7 @@ import numpy as np  # noqa: E402
 
 import kiln  # noqa: E402
 from kiln import zoo  # noqa: E402
+from kiln.bench.peers.tvm import vm_runner  # noqa: E402
 
 REACH = 0.90     # the bar: tuning seconds to reach 90% of peak
 IDLE_S = 1.0     # idle gap before each system's runs
@@ -60,7 +61,6 @@ class Tuned:
 
 # -- MetaSchedule --------------------------------------------------------------------------------------------------
 def metaschedule(name: str, trials: int, threads: int, work_dir: str, reuse: bool = False) -> Tuned:
-    import tvm
     from tvm import relax
     from tvm.relax.frontend.onnx import from_onnx
     from tvm.s_tir import meta_schedule as ms
@@ -88,20 +88,8 @@ def metaschedule(name: str, trials: int, threads: int, work_dir: str, reuse: boo
         tune_s = time.time() - t0
     with tgt:
         ex = ms.relax_integration.compile_relax(db, mod, tgt, params=None)
-    dev = tvm.cpu()
-    vm = relax.VirtualMachine(ex, dev)
-    main = vm["main"]
     feeds = zoo.inputs(name)
-    args = [tvm.runtime.tensor(np.ascontiguousarray(feeds[i.name]), dev) for i in model.graph.input
-            if i.name in feeds]
-    config = tvm.get_global_func("runtime.config_threadpool")
-
-    def run() -> list[np.ndarray]:
-        if tvm.runtime.num_threads() != threads:
-            config(1, threads)
-        res = main(*args)
-        return [r.numpy() for r in ([res] if isinstance(res, tvm.runtime.Tensor) else res)]
-    run.keepalive = (vm, ex)  # type: ignore[attr-defined]
+    run = vm_runner(ex, [feeds[i.name] for i in model.graph.input if i.name in feeds], threads)
     trail, n = metaschedule_trail(work_dir, t0, zoo.flops(name))
     return Tuned("metaschedule", tune_s, n, run, trail)
 

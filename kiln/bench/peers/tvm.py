@@ -74,21 +74,31 @@ class TvmPeer(Peer):
                 mod = relax.get_pipeline("static_shape_tuning", total_trials=self.trials, target=tgt,
                                          work_dir=work_dir, **kw)(mod)
         ex = tvm.compile(mod, target=tgt)
-        dev = tvm.cpu()
-        vm = relax.VirtualMachine(ex, dev)
-        main = vm["main"]
-        args = [tvm.runtime.tensor(np.ascontiguousarray(workload.inputs[n]), dev) for n in input_names(model)]
-        config = tvm.get_global_func("runtime.config_threadpool")
-        config(1, threads)
+        run = vm_runner(ex, [workload.inputs[n] for n in input_names(model)], threads)
         if tvm.runtime.num_threads() != threads:
             raise PeerError(f"TVM's thread pool has {tvm.runtime.num_threads()} threads, not {threads} "
                             f"(TVM_NUM_THREADS={os.environ.get('TVM_NUM_THREADS')} was read when it started)")
-
-        def run() -> list[np.ndarray]:
-            if tvm.runtime.num_threads() != threads:
-                config(1, threads)
-            res = main(*args)
-            return [r.numpy() for r in ([res] if isinstance(res, tvm.runtime.Tensor) else res)]
-
-        run.keepalive = (vm, ex)  # type: ignore[attr-defined]
         return run
+
+
+def vm_runner(ex, inputs: list[np.ndarray], threads: int):  # noqa: ANN001, ANN201 - a tvm Executable → a runner
+    """A compiled Relax module run on TVM's CPU VM with `threads` threads (re-set before each call: another
+    runtime in the process may have resized the pool), returning NumPy outputs."""
+    import tvm
+    from tvm import relax
+
+    dev = tvm.cpu()
+    vm = relax.VirtualMachine(ex, dev)
+    main = vm["main"]
+    args = [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in inputs]
+    config = tvm.get_global_func("runtime.config_threadpool")
+    config(1, threads)
+
+    def run() -> list[np.ndarray]:
+        if tvm.runtime.num_threads() != threads:
+            config(1, threads)
+        res = main(*args)
+        return [r.numpy() for r in ([res] if isinstance(res, tvm.runtime.Tensor) else res)]
+
+    run.keepalive = (vm, ex)  # type: ignore[attr-defined]
+    return run
