@@ -26,9 +26,9 @@ PASS_OPTIONS: tuple[str, ...] = ("quantize_qdq", "fold_constants", "recognize_ge
                                  "scale_after_matmul", "elementwise_through_views", "conv1d_as_2d",
                                  "block_layout", "winograd", "pack_weights", "lower_precision", "fusion",
                                  "fuse_elementwise", "fuse_epilogue", "fuse_axes", "vectorize", "register_tile",
-                                 "prefetch", "pack_operands", "parallel", "memory_reuse", "amx")
+                                 "prefetch", "pack_operands", "parallel", "memory_reuse", "amx", "dpbf16")
 # switches that only matter for precision="bf16" (`kiln bench --ablate` skips them for an fp32 build)
-PRECISION_OPTIONS: tuple[str, ...] = ("lower_precision", "amx")
+PRECISION_OPTIONS: tuple[str, ...] = ("lower_precision", "amx", "dpbf16")
 
 Trace = Callable[[str, Any], None]
 

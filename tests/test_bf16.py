@@ -1,6 +1,8 @@
 """precision="bf16" (graph/passes/precision.py, kiln/schedule/amx.py): anchors multiply bfloat16 operands with float32
-accumulation. Every test runs per x86 width: avx512 on this host takes the AMX tiles (exe.meta["precision"] says
-"amx" where the process may use AMX), avx2/sse the emulation (bf16 storage, float32 multiply-adds: "emulated").
+accumulation. Every test runs per x86 width: avx512 takes the AMX tiles where the process may use AMX
+(exe.meta["precision"] says "amx"), else AVX512_BF16 `vdpbf16ps` where the CPU has it ("avx512bf16": weights in
+VNNI pairs; MatMuls of two activations stay emulated there), avx2/sse the emulation (bf16 storage, float32
+multiply-adds: "emulated").
 
 Two references per output, both in float64:
   * exact:  the same products on operands rounded to bf16 (nearest even, ml_dtypes) — Kiln differs from it only by
@@ -23,6 +25,8 @@ from onnx import helper
 
 import kiln
 from conftest import C, make_model, op_model, rand, run_kiln, run_ort
+from kiln.codegen.dpbf16 import dpbf16_widths
+from kiln.graph.passes.pack_weights import MIN_N
 from kiln.runtime.amx import usable
 from kiln.target import resolve
 
@@ -35,6 +39,16 @@ def bf16(a: np.ndarray) -> np.ndarray:
 
 
 def expected_path(width: str) -> str:
+    """How a weight anchor (B packed in VNNI pairs at compile time) runs for `width` on this host."""
+    t = resolve(width)
+    if usable(t.features):
+        return "amx"
+    return "avx512bf16" if dpbf16_widths(t) else "emulated"
+
+
+def activation_path(width: str) -> str:
+    """How a MatMul of two activations (or with a B too narrow to pack) runs: AMX packs B into VNNI panels inside
+    the kernel; the vdpbf16ps tile reads only pairs packed at compile time, so without AMX it is emulated."""
     return "amx" if usable(resolve(width).features) else "emulated"
 
 
@@ -78,8 +92,9 @@ def test_matmul(width: str, shape: tuple[int, ...]) -> None:
     x, w = rand(*m, k, seed=1), rand(k, n, seed=2)
     model, feeds = op_model("MatMul", [x, C(w)])
     # B narrower than 32 columns is not packed (graph/passes/pack_weights.py MIN_N): a plain bf16 MatMul, whose B
-    # the AMX schedule packs into VNNI panels at run time (one 16-column tile: kiln/schedule/amx.py _pack_b)
-    check_bf16(model, feeds, matmul, k, width)
+    # the AMX schedule packs into VNNI panels at run time (one 16-column tile: kiln/schedule/amx.py _pack_b), and
+    # without AMX it is emulated
+    check_bf16(model, feeds, matmul, k, width, paths={activation_path(width)} if n < MIN_N else None)
 
 
 ACTIVATION_MATMULS = {  # name: (A shape, B shape)
@@ -113,7 +128,7 @@ def test_activation_matmul(width: str, name: str) -> None:
     np.testing.assert_allclose(ort, fp32, rtol=1e-4, atol=1e-4 * np.abs(fp32).max())
     assert not np.array_equal(got[0], ort)  # it did round to bf16
     exe = kiln.compile(model, target=width, precision="bf16", num_threads=2)
-    assert exe.meta["precision"] == {"matmul_node": expected_path(width)}
+    assert exe.meta["precision"] == {"matmul_node": activation_path(width)}
 
 
 def test_gemm_trans_b_bias(width: str) -> None:
@@ -194,9 +209,11 @@ def test_fused_chain(width: str) -> None:
     assert rel < 3 * 2 * U * np.sqrt(288), rel
     assert rel > 0, "bf16 rounding left no trace: the anchors did not run in bf16"
     meta = kiln.compile(model, target=width, precision="bf16").meta
-    # conv2's output (+ the residual) leaves the blocked layout for fc: an NCHW output, the emulated kernel
+    # conv2's output (+ the residual) leaves the blocked layout for fc: an NCHW output, which the AMX tiles do not
+    # take (their C block would be stored transposed) and the vdpbf16ps register tile does
     path = expected_path(width)
-    assert meta["precision"] == {"conv1": path, "conv2": "emulated", "fc": path}, meta["precision"]
+    nchw_out = "avx512bf16" if dpbf16_widths(resolve(width)) else "emulated"
+    assert meta["precision"] == {"conv1": path, "conv2": nchw_out, "fc": path}, meta["precision"]
 
 
 def test_fp32_default_untouched() -> None:
@@ -288,9 +305,11 @@ def test_bert_layer(width: str) -> None:
     assert 0 < rel <= 4 * U, rel
     meta = kiln.compile(model, target=width, precision="bf16").meta
     counts = {p: list(meta["precision"].values()).count(p) for p in set(meta["precision"].values())}
-    assert counts == {expected_path(width): 8}, counts
+    want: dict[str, int] = {expected_path(width): 6}
+    want[activation_path(width)] = want.get(activation_path(width), 0) + 2
+    assert counts == want, counts
     assert meta["precision"]["encoder.0.attn.scores"] == meta["precision"]["encoder.0.attn.context"] \
-        == expected_path(width)
+        == activation_path(width)
 
 
 @pytest.mark.slow
@@ -312,14 +331,17 @@ def test_zoo_model_vs_openvino_bf16(name: str) -> None:
     def rel(y: np.ndarray) -> float:
         return float(np.abs(y - want).max() / np.abs(want).max())
     assert rel(exe.run(feeds)[0]) <= 1.5 * rel(ov_out), (rel(exe.run(feeds)[0]), rel(ov_out))
-    assert "amx" in exe.meta["precision"].values() or expected_path("host") == "emulated"
+    assert expected_path("host") in exe.meta["precision"].values()
 
 
-def test_amx_switch_off_emulates() -> None:
-    """amx=False (an AVX-512 CPU without AMX takes the same path): the emulated kernel, the same bf16-exact result."""
+@pytest.mark.parametrize("switches", [{"amx": False}, {"amx": False, "dpbf16": False}], ids=["no-amx", "neither"])
+def test_switches_off(switches: dict[str, bool]) -> None:
+    """amx=False (an AVX-512 CPU without AMX takes the same path): vdpbf16ps where the CPU has AVX512_BF16, else the
+    emulation; dpbf16=False too: the emulated kernel. The same bf16-exact result every way."""
     model, feeds, exact, absprod = conv_case()
-    exe = kiln.compile(model, num_threads=2, precision="bf16", amx=False, cache=False)
-    assert exe.meta["precision"] == {"conv_node": "emulated"} and exe.meta["amx"] is False
+    exe = kiln.compile(model, num_threads=2, precision="bf16", cache=False, **switches)
+    path = "avx512bf16" if switches.get("dpbf16", True) and dpbf16_widths(resolve("host")) else "emulated"
+    assert exe.meta["precision"] == {"conv_node": path} and exe.meta["amx"] is False
     assert (np.abs(exe.run(feeds)[0] - exact) <= 288 * F32 * absprod + 1e-30).all()
 
 
@@ -340,3 +362,25 @@ def test_streamed_weights_one_pass() -> None:
     nests = [s for s in conv_kernel.body if isinstance(s, Loop) and s.kind == "parallel"]
     assert len(nests) == 1 and nests[0].extent.value == co // 32, nests
     assert {"kiln_amx_config_bf16_m16_k32", "kiln_amx_config_bf16_m13_k32"} <= set(conv_kernel.extern_ir)
+
+
+def test_dpbf16_emitted_on_any_x86_host() -> None:
+    """The vdpbf16ps tile is lowered and its object emitted for an AVX512_BF16 CPU on any x86 host — an AVX2 host
+    included, which cannot run it (the class of bug that let an AVX-512-only path crash where CI was green)."""
+    from dataclasses import replace
+
+    from kiln.codegen.jit import emit_assembly, optimize
+    from kiln.compiler import lower
+
+    host = resolve("host")
+    if host.arch != "x86_64":
+        pytest.skip("an x86 target")
+    base = resolve("avx512")
+    feats = [f for f in base.features.split(",") if f[1:] not in ("avx512bf16", "avx512vl")]
+    t = replace(base, name="avx512-bf16", features=",".join(feats + ["+avx512bf16", "+avx512vl"]))
+    x, w = rand(37, 96, seed=40), rand(96, 80, seed=41)
+    model, _ = op_model("MatMul", [x, C(w)])
+    low = lower(model, t, 2, {"amx": False}, precision="bf16", stop_after="llvm")
+    assert [k.precision for k in low.program.kernels if k.precision] == [{"matmul_node": "avx512bf16"}]
+    asm = emit_assembly(optimize(low.llvm_ir, t), t)
+    assert "vdpbf16ps" in asm and "zmm" in asm

@@ -20,6 +20,7 @@ from kiln.kernel.ir import (
     Bin,
     Cast,
     Const,
+    Dot2,
     Dot4,
     Expr,
     Load,
@@ -248,6 +249,9 @@ class ExprEmitter:
         if isinstance(e, Dot4):  # 8-bit dot products, per ISA (codegen/int8.py)
             from kiln.codegen.int8 import emit_dot4
             return emit_dot4(self, e)
+        if isinstance(e, Dot2):  # bf16 pair dot products: vdpbf16ps (codegen/dpbf16.py)
+            from kiln.codegen.dpbf16 import emit_dot2
+            return emit_dot2(self, e)
         if isinstance(e, Reduce):
             raise AssertionError("Reduce must be hoisted before codegen")
         raise TypeError(f"cannot emit {type(e).__name__}")

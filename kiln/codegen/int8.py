@@ -26,7 +26,7 @@ I1, I8, I16, I32 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32)
 PTR = ir.PointerType()
 
 
-def _features(target: Target | None) -> set[str]:
+def features(target: Target | None) -> set[str]:
     if target is None:
         return set()
     return {f[1:] for f in target.features.split(",") if f.startswith("+")}
@@ -34,7 +34,7 @@ def _features(target: Target | None) -> set[str]:
 
 def vnni_widths(target: Target | None) -> tuple[int, ...]:
     """The int32 lane counts of the x86 `vpdpbusd` forms `target` has, widest first."""
-    f = _features(target)
+    f = features(target)
     if target is None or target.arch != "x86_64":
         return ()
     out: list[int] = []
@@ -48,7 +48,7 @@ def vnni_widths(target: Target | None) -> tuple[int, ...]:
 def dot_method(target: Target) -> str:
     """What an 8-bit dot product compiles to on `target` (recorded in exe.meta["int8"])."""
     w = vnni_widths(target)
-    f = _features(target)
+    f = features(target)
     if w and w[0] == 16:
         return "vpdpbusd (AVX-512 VNNI, 512-bit)"
     if w:
@@ -91,12 +91,12 @@ def emit_dot4(em, e: Dot4) -> tuple[ir.Value, bool]:  # noqa: ANN001  (em: codeg
     target = getattr(em, "target", None)
     widths = [w for w in vnni_widths(target) if w <= n and n % w == 0] if e.a.dtype == "uint8" else []
     if widths:
-        return _pieces(em, acc, a8, b8, n, widths[0], _vnni), True
+        return pieces(em, acc, a8, b8, n, widths[0], _vnni), True
     if target is not None and target.arch == "x86_64":
         w = min(n, max(4, target.vector_bits // 32))
-        return _pieces(em, acc, a8, b8, n, w, lambda em_, c, x, y, w_: _pmaddwd(em_, c, x, y, w_, e.a.dtype)), True
-    if target is not None and target.arch == "aarch64" and "dotprod" in _features(target) and e.a.dtype == "int8":
-        return _pieces(em, acc, a8, b8, n, 4, _sdot), True
+        return pieces(em, acc, a8, b8, n, w, lambda em_, c, x, y, w_: _pmaddwd(em_, c, x, y, w_, e.a.dtype)), True
+    if target is not None and target.arch == "aarch64" and "dotprod" in features(target) and e.a.dtype == "int8":
+        return pieces(em, acc, a8, b8, n, 4, _sdot), True
     return _widen(em, acc, a8, b8, n, e.a.dtype), True
 
 
@@ -104,11 +104,13 @@ def _slice(em, v: ir.Value, start: int, count: int) -> ir.Value:  # noqa: ANN001
     return em.b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, count), list(range(start, start + count))))
 
 
-def _pieces(em, acc: ir.Value, a8: ir.Value, b8: ir.Value, n: int, w: int, op) -> ir.Value:  # noqa: ANN001
-    """Apply op(acc piece <w x i32>, a piece <4w x i8>, b piece) to each w-lane piece and join the results."""
+def pieces(em, acc: ir.Value, a8: ir.Value, b8: ir.Value, n: int, w: int, op, group: int = 4) -> ir.Value:  # noqa: ANN001
+    """Apply op(acc piece <w x acc>, a piece <group·w x elem>, b piece) to each w-lane piece and join the results
+    (`group` operand elements per accumulator lane: 4 bytes for vpdpbusd, 2 bf16 for vdpbf16ps)."""
     if w == n:
         return op(em, acc, a8, b8, w)
-    parts = [op(em, _slice(em, acc, i, w), _slice(em, a8, 4 * i, 4 * w), _slice(em, b8, 4 * i, 4 * w), w)
+    g = group
+    parts = [op(em, _slice(em, acc, i, w), _slice(em, a8, g * i, g * w), _slice(em, b8, g * i, g * w), w)
              for i in range(0, n, w)]
     while len(parts) > 1:  # concatenate pairwise
         joined = []

@@ -245,6 +245,29 @@ class Dot4(Expr):
         return f"dot4({self.acc!r}, {self.a!r}, {self.b!r})"
 
 
+@dataclass(frozen=True, repr=False)
+class Dot2(Expr):
+    """acc + Σ_{q<2} a[q]·b[q] in float32 lanes from bfloat16 pairs — x86 AVX512_BF16 `vdpbf16ps`. Like `Dot4`:
+    `a` and `b` are bfloat16 Loads of the first of 2 consecutive values (value q is their last index + q); in a
+    vector loop `a` is uniform (one 32-bit broadcast of the pair) and lane i of `b` reads the pair at its index
+    + 2·i (weights in VNNI pair order [K/2][N][2], graph/passes/precision.py). kiln/codegen/dpbf16.py emits it."""
+    acc: Expr
+    a: Load
+    b: Load
+    dtype: str = field(init=False, default="float32")
+
+    def expand(self) -> Expr:
+        """The same value in float32 arithmetic (bf16 products are exact in float32): the emulation."""
+        out = self.acc
+        for q in range(2):
+            a, b = (Load(x.buf, x.index[:-1] + (x.index[-1] + q,), x.dtype) for x in (self.a, self.b))
+            out = out + a * b
+        return out
+
+    def __repr__(self) -> str:
+        return f"dot2({self.acc!r}, {self.a!r}, {self.b!r})"
+
+
 def _cache_hash(cls: type) -> None:
     """Memoize a frozen dataclass's hash: expressions are trees hashed over and over (dict keys in substitute,
     walk, the codegen's caches), and the generated __hash__ recomputes the whole tree each time."""
@@ -261,7 +284,7 @@ def _cache_hash(cls: type) -> None:
     cls.__getstate__ = lambda self: {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
 
-for _cls in (Const, Var, Sym, Load, Bin, Un, Select, Cast, LocalRef, Reduce, Addr, Dot4):
+for _cls in (Const, Var, Sym, Load, Bin, Un, Select, Cast, LocalRef, Reduce, Addr, Dot4, Dot2):
     _cache_hash(_cls)
 
 

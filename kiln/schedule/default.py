@@ -30,6 +30,7 @@ from kiln.kernel.ir import (
     walk,
 )
 from kiln.schedule.amx import schedule_amx
+from kiln.schedule.bf16 import schedule_dpbf16
 from kiln.schedule.config import Config, Decisions, powers_of_two
 from kiln.schedule.guards import interior_swap
 from kiln.schedule.primitives import compute_to_loops, fuse, parallel, rename, split, vectorize
@@ -70,6 +71,11 @@ def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: i
         if nest is not None:
             k.precision[node] = "amx"
             k.strategies.setdefault(node, str(c.hints.get("strategy", "direct")))
+            return nest
+        nest = schedule_dpbf16(k, c, tag, target, threads, options)  # else vdpbf16ps where the CPU has it (bf16.py)
+        if nest is not None:
+            k.precision[node] = "avx512bf16"
+            k.strategies[node] = "direct"
             return nest
         k.precision[node] = "emulated"
     if options.get("fuse_axes", True):

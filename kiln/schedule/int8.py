@@ -28,6 +28,7 @@ accumulates the int32 MR×NR tile that the epilogue below then requantizes. Retu
 then runs the plain integer loops) where the form does not match."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +39,7 @@ from kiln.kernel.ir import (
     Cast,
     Compute,
     Const,
+    Dot2,
     Dot4,
     Expr,
     If,
@@ -62,16 +64,34 @@ UNROLL_DOTS = 256  # a blocked conv's k-groups unrolled while the tile does at m
 
 
 @dataclass(frozen=True)
-class Int8Form:
-    """The parts of an integer anchor's compute the tile needs."""
+class DotForm:
+    """The parts of a dot-product anchor's compute the tile needs (an integer anchor's, or a bf16 one's:
+    schedule/bf16.py)."""
     red: Reduce
-    a: Load           # the activation read (uint8 / int8)
-    b: Load           # the weight read, B[.., k // 4, .., k % 4]
-    k: Var            # the reduction axis taken 4 at a time (the last one)
+    a: Load           # the activation read (uint8 / int8 / bfloat16)
+    b: Load           # the weight read, B[.., k // group, .., k % group]
+    k: Var            # the reduction axis taken `group` at a time (the last one)
     k_ext: int
+    group: int = 4    # operand values summed into one accumulator lane: 4 bytes (Dot4), or a bf16 pair (Dot2)
+
+    def dot(self, acc: Expr, a: Load, b: Load) -> Expr:
+        return Dot4(acc, a, b) if self.group == 4 else Dot2(acc, a, b)
 
 
-def int8_form(c: Compute) -> Int8Form | None:
+def grouped_reads(red: Reduce, a: Expr, b: Expr, group: int) -> DotForm | None:
+    """The form if `a` reads the reduction's last axis k contiguously and `b` reads it as
+    [.., k // group, .., k % group]
+    (weights packed with the group innermost)."""
+    k, k_ext = red.axes[-1]
+    if not (isinstance(a, Load) and isinstance(b, Load)):
+        return None
+    g = Const(group, "int64")
+    if a.index[-1] != k or Bin("//", k, g) not in b.index or b.index[-1] != Bin("%", k, g):
+        return None
+    return DotForm(red, a, b, k, k_ext, group)
+
+
+def int8_form(c: Compute) -> DotForm | None:
     reds = [e for e in walk(c.body) if isinstance(e, Reduce)]
     if len(reds) != 1 or reds[0].op != "sum" or reds[0].dtype != "int32":
         return None
@@ -80,16 +100,12 @@ def int8_form(c: Compute) -> Int8Form | None:
     if not (isinstance(body, Bin) and body.op == "*" and all(isinstance(x, Cast) for x in (body.a, body.b))):
         return None
     a, b = body.a.a, body.b.a
-    k, k_ext = red.axes[-1]
     if not (isinstance(a, Load) and isinstance(b, Load)) or a.dtype not in ("uint8", "int8") or b.dtype != "int8":
         return None
-    grouped = (Bin("//", k, Const(4, "int64")), Bin("%", k, Const(4, "int64")))
-    if a.index[-1] != k or grouped[0] not in b.index or b.index[-1] != grouped[1]:
-        return None
-    return Int8Form(red, a, b, k, k_ext)
+    return grouped_reads(red, a, b, 4)
 
 
-def choose_int8_tile(c: Compute, target: Target) -> tuple[int, bool]:
+def choose_dot_tile(c: Compute, target: Target) -> tuple[int, bool]:
     """(MR, flatten_rows): rows as the float tile's — the registers left beside MR·NR/lanes accumulators and the
     NR/lanes weight vectors of a step (AVX-512 NR = 32: 14 rows; AVX2 NR = 16: 6)."""
     lanes, regs = target.lanes(32), target.vector_registers
@@ -116,23 +132,27 @@ def schedule_int8(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
     if not (options.get("register_tile", True) and options.get("vectorize", True)):
         return None
     k.strategies[node] = "direct"
-    return int8_tile(c, tag, target, threads if options.get("parallel", True) else 1)
+    return dot_tile(c, tag, target, threads if options.get("parallel", True) else 1, int8_form)
 
 
-def int8_tile(c: Compute, tag: str, target: Target, threads: int) -> list[Stmt]:
-    mr, flat = choose_int8_tile(c, target)
+def dot_tile(c: Compute, tag: str, target: Target, threads: int,
+             form_of: Callable[[Compute], DotForm | None]) -> list[Stmt]:
+    """The register tile of the module docstring, for any dot-product form (`form_of`: int8_form, bf16_form)."""
+    mr, flat = choose_dot_tile(c, target)
     if flat:
         c = flatten_rows(c)
-    form = int8_form(c)
+    form = form_of(c)
     assert form is not None
+    G = form.group
+    acc_dtype = form.red.dtype
     nr = c.hints["nr"]
     m_axis, n_axis = c.hints["m_axis"] % len(c.axes), c.hints["n_axis"] % len(c.axes)
     m_v, n_v = c.axes[m_axis], c.axes[n_axis]
     M, N = c.extents[m_axis], c.extents[n_axis]
     mo, no, mi, ni = Var(f"{m_v.name}o"), Var(f"{n_v.name}o"), Var(f"{m_v.name}i"), Var(f"{n_v.name}i")
     k, K = form.k, form.k_ext
-    k4 = Var(f"{k.name}4")
-    K4, tail = K // 4, K % 4
+    k4 = Var(f"{k.name}{G}")
+    K4, tail = K // G, K % G
     lanes = max(1, nr // target.lanes(32))
     others = [(v, e) for i, (v, e) in enumerate(zip(c.axes, c.extents)) if i not in (m_axis, n_axis)]
     n_mo, n_no = -(-M // mr), -(-N // nr)
@@ -147,25 +167,25 @@ def int8_tile(c: Compute, tag: str, target: Target, threads: int) -> list[Stmt]:
     m_expr, n_expr = mo * mr + mi, no * nr + ni
     n_ext = minimum(Const(nr, "int64"), Const(N, "int64") - no * nr) if N % nr else Const(nr, "int64")
     acc = f"acc{tag}"
-    four = Const(4, "int64")
+    four = Const(G, "int64")
 
     def at(e: Expr, kk: Expr, edge: bool) -> Expr:
         """e at row m, lane n, reduction index kk (the k-group arithmetic of B folded)."""
         m_read = minimum(m_expr, Const(M - 1, "int64")) if edge else m_expr
-        grouped = {Bin("//", k, four): kk // 4 if not isinstance(kk, Bin) or kk.op != "*" else kk.a,
-                   Bin("%", k, four): Const(0, "int64") if isinstance(kk, Bin) and kk.op == "*" else kk % 4}
+        grouped = {Bin("//", k, four): kk // G if not isinstance(kk, Bin) or kk.op != "*" else kk.a,
+                   Bin("%", k, four): Const(0, "int64") if isinstance(kk, Bin) and kk.op == "*" else kk % G}
         e = substitute(e, grouped)
         return simplify_panels(substitute(e, {k: kk, m_v: m_read, n_v: n_expr}), ni, nr)
 
     def tile(edge: bool) -> Loop:
-        ref = LocalRef(acc, "int32", mi)
-        dot = Dot4(ref, at(form.a, k4 * four, edge), at(form.b, k4 * four, edge))
+        ref = LocalRef(acc, acc_dtype, mi)
+        dot = form.dot(ref, at(form.a, k4 * four, edge), at(form.b, k4 * four, edge))
         step: Stmt = Loop(mi, Const(mr, "int64"), [Assign(acc, dot, mi)], "unroll")
         unroll = K4 * mr * lanes <= UNROLL_DOTS and len(form.red.axes) > 1
         update: list[Stmt] = [Loop(k4, Const(K4, "int64"), [step], "unroll" if unroll else "serial")] if K4 else []
-        for q in range(tail):  # K not a multiple of 4: the last group's products one at a time
-            kk = Const(4 * K4 + q, "int64")
-            term = Cast("int32", at(form.a, kk, edge)) * Cast("int32", at(form.b, kk, edge))
+        for q in range(tail):  # K not a multiple of the group: the last group's products one at a time
+            kk = Const(G * K4 + q, "int64")
+            term = at(form.red.body, kk, edge)
             update.append(Loop(mi, Const(mr, "int64"), [Assign(acc, ref + term, mi)], "unroll"))
         for v, e in reversed(form.red.axes[:-1]):
             update = [Loop(v, Const(e, "int64"), update)]
@@ -173,7 +193,7 @@ def int8_tile(c: Compute, tag: str, target: Target, threads: int) -> list[Stmt]:
         store: Stmt = Store(c.out, out_idx, substitute(c.body, {form.red: ref, m_v: m_expr, n_v: n_expr}))
         if edge:
             store = If(cmp("<", m_expr, Const(M, "int64")), [store])
-        return Loop(ni, n_ext, [Local(acc, "int32", Const(0, "int32"), mr), *update,
+        return Loop(ni, n_ext, [Local(acc, acc_dtype, Const(0, acc_dtype), mr), *update,
                                 Loop(mi, Const(mr, "int64"), [store], "unroll")], "vector", nr, masked=True)
 
     body: list[Stmt] = [tile(False)]

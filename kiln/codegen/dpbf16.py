@@ -1,0 +1,93 @@
+"""Emit `Dot2` (kiln/kernel/ir.py): two bfloat16 products summed into each float32 lane — AVX512_BF16 `vdpbf16ps`.
+
+In a vector loop of n float32 lanes, with `a` uniform and `b` a pair per lane (weights in VNNI pair order
+[K/2][N][2], graph/passes/precision.py):
+
+    a2 = load i32 at &a; splat to <n x i32>, bitcast <2n x bfloat>     (LLVM folds it: vdpbf16ps zmm, zmm, m32{1to16})
+    b  = load <2n x i16> at &b, bitcast <2n x bfloat>                  (masked per lane on an edge iteration)
+    AVX512_BF16:            vdpbf16ps on 16-lane pieces (zmm)
+    AVX512_BF16 + VL:       vdpbf16ps on 8 / 4-lane pieces (ymm / xmm: a 256-bit build on a BF16 host)
+    anything else:          `Dot2.expand()` — the emulation (bf16 widened exactly, float32 multiply-adds)
+
+vdpbf16ps adds the two (exact) products to the lane one after the other with round-to-nearest-even and flushes
+denormals (Intel SDM): against the emulation only the order of two float32 additions and denormal inputs differ.
+
+`dpbf16_widths(target)` says which forms a target has; `schedule/bf16.py` builds the tile only where it has one."""
+from __future__ import annotations
+
+from llvmlite import ir
+
+from kiln.codegen.int8 import features, pieces
+from kiln.kernel.analysis import coef
+from kiln.kernel.ir import Dot2
+from kiln.target import Target
+
+I1, I16, I32 = ir.IntType(1), ir.IntType(16), ir.IntType(32)
+F32 = ir.FloatType()
+PTR = ir.PointerType()
+
+
+class BFloatType(ir.Type):
+    """LLVM's `bfloat` (llvmlite has no such type): the element of the vdpbf16ps intrinsics' operands."""
+
+    def _to_string(self) -> str:
+        return "bfloat"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, BFloatType)
+
+    def __hash__(self) -> int:
+        return hash("bfloat")
+
+
+BF16 = BFloatType()
+
+
+def dpbf16_widths(target: Target | None) -> tuple[int, ...]:
+    """The float32 lane counts of the `vdpbf16ps` forms `target` has, widest first (none off x86)."""
+    if target is None or target.arch != "x86_64":
+        return ()
+    f = features(target)
+    if "avx512bf16" not in f:
+        return ()
+    out: list[int] = [16] if target.vector_bits >= 512 else []
+    if "avx512vl" in f and target.vector_bits >= 256:
+        out += [8, 4]
+    return tuple(out)
+
+
+def emit_dot2(em, e: Dot2) -> tuple[ir.Value, bool]:  # noqa: ANN001  (em: codegen.exprs.ExprEmitter)
+    vec = em.vec
+    target = getattr(em, "target", None)
+    if vec is None or type(em).__name__ != "ExprEmitter" or em.bounds is not None:
+        return em.ev(e.expand())
+    _, a_dtype, a_flat = em.address(e.a.buf, e.a.index)
+    b_ptr, b_dtype, b_flat = em.address(e.b.buf, e.b.index)
+    n = vec.lanes
+    widths = [w for w in dpbf16_widths(target) if w <= n and n % w == 0]
+    if coef(a_flat, vec.var) != 0 or coef(b_flat, vec.var) != 2 or (a_dtype, b_dtype) != ("bfloat16",) * 2 \
+            or not widths:
+        return em.ev(e.expand())
+    B = em.b
+    acc, acc_vec = em.ev(e.acc)
+    if not acc_vec:
+        acc = em.splat(acc)
+    a_ptr, _, _ = em.address(e.a.buf, e.a.index)
+    a32 = B.load(B.gep(a_ptr, [em._uniform(a_flat)[0]], source_etype=I16), typ=I32, align=2)
+    a2 = B.bitcast(em.splat(a32, n), ir.VectorType(BF16, 2 * n))
+    b_at = B.gep(b_ptr, [em._at_base(b_flat)], source_etype=I16)
+    bt = ir.VectorType(I16, 2 * n)
+    if vec.mask is None:
+        b16 = B.load(b_at, typ=bt, align=2)
+    else:
+        per_value = ir.Constant(ir.VectorType(I32, 2 * n), [i // 2 for i in range(2 * n)])
+        spread = B.shuffle_vector(vec.mask, vec.mask, per_value)
+        fn = em._decl(f"llvm.masked.load.v{2 * n}i16.p0", bt, [PTR, I32, ir.VectorType(I1, 2 * n), bt])
+        b16 = B.call(fn, [b_at, ir.Constant(I32, 2), spread, ir.Constant(bt, None)])
+    b2 = B.bitcast(b16, ir.VectorType(BF16, 2 * n))
+    return pieces(em, acc, a2, b2, n, widths[0], _dpbf16, group=2), True
+
+
+def _dpbf16(em, acc: ir.Value, a: ir.Value, b: ir.Value, w: int) -> ir.Value:  # noqa: ANN001
+    vt, pt = ir.VectorType(F32, w), ir.VectorType(BF16, 2 * w)
+    return em.b.call(em._decl(f"llvm.x86.avx512bf16.dpbf16ps.{32 * w}", vt, [vt, pt, pt]), [acc, a, b])
