@@ -6,10 +6,11 @@
             rounds into an infinity
 
 The rounding is integer arithmetic (five vector operations per register), not LLVM's `fptrunc … to bfloat`:
-without AVX512_BF16 that becomes a libcall (`__truncsfbf2`) the JIT cannot resolve, and on every ISA Kiln
-emits the same bits. Where the target has AVX512_BF16 the backend's vcvtneps2bf16 computes the same function
-(RNE, quiet NaNs); the AMX and vdpbf16ps kernels (kiln/ukernels/amx.py, codegen/dpbf16.py) read operands in
-this form. NumPy's side of the same rounding is ml_dtypes' bfloat16 (graph/passes/precision.py)."""
+without AVX512_BF16 that becomes a libcall (`__truncsfbf2`) the JIT cannot resolve. Where the target has
+AVX512_BF16 the backend's vcvtneps2bf16 computes the same function (RNE, quiet NaNs; float32 denormals flushed
+to zero) in one instruction, and is used there (`native_rounding`). The AMX and vdpbf16ps kernels
+(kiln/ukernels/amx.py, codegen/dpbf16.py) read operands in this form. NumPy's side of the same rounding is
+ml_dtypes' bfloat16 (graph/passes/precision.py)."""
 from __future__ import annotations
 
 import struct
@@ -50,13 +51,40 @@ def _widened_bits(x: ir.Value) -> ir.Value | None:
     return bits if bits.type == _like(x.type, I16) else None
 
 
-def f32_to_bf16(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+class BFloatType(ir.Type):
+    """LLVM's `bfloat` (llvmlite has no such type): vcvtneps2bf16's result, the vdpbf16ps operands' element."""
+
+    def _to_string(self) -> str:
+        return "bfloat"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, BFloatType)
+
+    def __hash__(self) -> int:
+        return hash("bfloat")
+
+
+BF16 = BFloatType()
+
+
+def native_rounding(target: object) -> bool:
+    """Does `target` (a kiln.target.Target, or None) round float32 → bf16 in one instruction (vcvtneps2bf16)?"""
+    feats = getattr(target, "features", "")
+    return getattr(target, "arch", "") == "x86_64" and "+avx512bf16" in feats.split(",")
+
+
+def f32_to_bf16(b: ir.IRBuilder, x: ir.Value, native: bool = False) -> ir.Value:
     """float32 (or <n x float>) → i16 bfloat16 bits, rounded to nearest even; NaN stays a (quiet) NaN.
     A value just widened from bf16 is its own bits (a bf16 copy — the AMX packing stages — stays a copy, which
-    LLVM can vectorize, instead of a round trip whose NaN quieting it cannot fold away)."""
+    LLVM can vectorize, instead of a round trip whose NaN quieting it cannot fold away).
+    `native` (a target with AVX512_BF16: `native_rounding`): `fptrunc … to bfloat`, one vcvtneps2bf16 per register
+    instead of the integer sequence — the same bits except for float32 denormals, which it flushes to ±0 (it
+    treats input denormals as zero, Intel SDM); their bf16 values are themselves below 1.2e-38."""
     same = _widened_bits(x)
     if same is not None:
         return same
+    if native:
+        return b.bitcast(b.fptrunc(x, _like(x.type, BF16)), _like(x.type, I16))
     it = _like(x.type, I32)
     u = b.bitcast(x, it)
     lsb = b.and_(b.lshr(u, _k(it, 16)), _k(it, 1))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
+from kiln.codegen.bf16 import BF16
 from kiln.codegen.int8 import features, pieces
 from kiln.kernel.analysis import coef
 from kiln.kernel.ir import Dot2
@@ -25,22 +26,6 @@ from kiln.target import Target
 I1, I16, I32 = ir.IntType(1), ir.IntType(16), ir.IntType(32)
 F32 = ir.FloatType()
 PTR = ir.PointerType()
-
-
-class BFloatType(ir.Type):
-    """LLVM's `bfloat` (llvmlite has no such type): the element of the vdpbf16ps intrinsics' operands."""
-
-    def _to_string(self) -> str:
-        return "bfloat"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, BFloatType)
-
-    def __hash__(self) -> int:
-        return hash("bfloat")
-
-
-BF16 = BFloatType()
 
 
 def dpbf16_widths(target: Target | None) -> tuple[int, ...]:

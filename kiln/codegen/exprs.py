@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 from llvmlite import ir
 
-from kiln.codegen.bf16 import bf16_bits_const, bf16_to_f32, f32_to_bf16
+from kiln.codegen.bf16 import bf16_bits_const, bf16_to_f32, f32_to_bf16, native_rounding
 from kiln.codegen.bounds import BoundsChecker
 from kiln.codegen.mathfn import VectorMath
 from kiln.kernel.analysis import coef, flat_index, unclamped_index
@@ -443,7 +443,7 @@ class ExprEmitter:
             t = ir.VectorType(I8, val.type.count) if isinstance(val.type, ir.VectorType) else I8
             return self.b.zext(val, t)
         if dtype == "bfloat16":
-            return f32_to_bf16(self.b, val)
+            return f32_to_bf16(self.b, val, native_rounding(self.target))
         return val
 
     def binary(self, e: Bin) -> tuple[ir.Value, bool]:
@@ -554,7 +554,7 @@ class ExprEmitter:
         if dst == "bfloat16":  # round to bf16 (the value stays a float32 in registers)
             x = B.fptrunc(x, ir.VectorType(F32, x.type.count) if vec else F32) if src == "float64" else \
                 x if is_float(src) else self.cast(Cast("float32", e.a))[0]
-            return bf16_to_f32(B, f32_to_bf16(B, x)), vec
+            return bf16_to_f32(B, f32_to_bf16(B, x, native_rounding(self.target))), vec
         if is_float(src) and is_float(dst):
             return (B.fpext(x, to) if dst == "float64" else B.fptrunc(x, to)), vec
         if is_float(src):
