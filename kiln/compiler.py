@@ -311,8 +311,10 @@ def executable_of(c: Compiled, tgt: Target, threads: int, bounds_check: bool = F
         "flops": [k.flops for k in c.program.kernels], "compile_s": c.timings,
         "symbols": sorted({s for k in c.program.kernels for s in k.symbols}),
         "strategies": {node: how for k in c.program.kernels for node, how in k.strategies.items()},
-        # how each bf16 anchor multiplied: "amx" tiles, "avx512bf16" vdpbf16ps, or "emulated" (bf16 storage, f32 FMAs)
-        "precision": {node: how for k in c.program.kernels for node, how in k.precision.items()},
+        # how each bf16 anchor multiplied: "amx" tiles, "avx512bf16" vdpbf16ps, "emulated" (bf16 storage, f32 FMAs),
+        # or "fp32" (kept: no bf16 dot product for its form on this target, graph/passes/precision.py pairs_only)
+        "precision": {**{n.name: "fp32" for n in g.nodes if n.attrs.get("bf16_kept_fp32")},
+                      **{node: how for k in c.program.kernels for node, how in k.precision.items()}},
         "amx": any(how == "amx" for k in c.program.kernels for how in k.precision.values()),
         "bounds_check": bool(bounds_check),
         "int8": _int8_meta(g, tgt),

@@ -27,6 +27,7 @@ import kiln
 from conftest import C, make_model, op_model, rand, run_kiln, run_ort
 from kiln.codegen.dpbf16 import dpbf16_widths
 from kiln.graph.passes.pack_weights import MIN_N
+from kiln.graph.passes.precision import pairs_only
 from kiln.runtime.amx import usable
 from kiln.target import resolve
 
@@ -46,10 +47,18 @@ def expected_path(width: str) -> str:
     return "avx512bf16" if dpbf16_widths(t) else "emulated"
 
 
+def untaken_path(width: str, amx_takes: bool = True) -> str:
+    """How an anchor the vdpbf16ps tile cannot take runs — a MatMul of two activations or with a B too narrow to
+    pack (AMX packs B into VNNI panels inside the kernel: `amx_takes`), a conv on an NCHW input: on AMX if it takes
+    it; else float32 where vdpbf16ps is the only bf16 dot product (passes/precision.py pairs_only); else emulated."""
+    t = resolve(width)
+    if amx_takes and usable(t.features):
+        return "amx"
+    return "fp32" if pairs_only(t) else "emulated"
+
+
 def activation_path(width: str) -> str:
-    """How a MatMul of two activations (or with a B too narrow to pack) runs: AMX packs B into VNNI panels inside
-    the kernel; the vdpbf16ps tile reads only pairs packed at compile time, so without AMX it is emulated."""
-    return "amx" if usable(resolve(width).features) else "emulated"
+    return untaken_path(width, amx_takes=True)
 
 
 def check_bf16(model: onnx.ModelProto, feeds: dict[str, np.ndarray], op, K: int, width: str,
@@ -67,6 +76,13 @@ def check_bf16(model: onnx.ModelProto, feeds: dict[str, np.ndarray], op, K: int,
     fp32 = op(x.astype(np.float64), w.astype(np.float64)) + b
     y = got[0].astype(np.float64)
     assert got[0].dtype == np.float32 and y.shape == exact.shape
+    want_paths = paths or {expected_path(width)}
+    if want_paths == {"fp32"}:  # kept float32 (module docstring of passes/precision.py): float32 accuracy
+        bound = K * F32 * op(np.abs(x.astype(np.float64)), np.abs(w.astype(np.float64))) + F32 * np.abs(b) + 1e-30
+        assert (np.abs(y - fp32) <= 4 * bound).all(), np.abs(y - fp32).max()
+        exe = kiln.compile(model, target=width, precision="bf16", num_threads=2)
+        assert set(exe.meta["precision"].values()) == want_paths, exe.meta["precision"]
+        return exe.meta
     acc = K * F32 * absprod + F32 * np.abs(b) + 1e-30
     bad = np.abs(y - exact) > acc
     assert not bad.any(), (f"{bad.sum()} of {y.size} differ from the bf16-rounded reference beyond float32 "
@@ -121,14 +137,18 @@ def test_activation_matmul(width: str, name: str) -> None:
     exact, absprod = bf16(x) @ bf16(y), np.abs(bf16(x)) @ np.abs(bf16(y))
     fp32 = x.astype(np.float64) @ y.astype(np.float64)
     out = got[0].astype(np.float64)
+    exe = kiln.compile(model, target=width, precision="bf16", num_threads=2)
+    assert exe.meta["precision"] == {"matmul_node": activation_path(width)}
+    if activation_path(width) == "fp32":  # kept float32: float32 accuracy
+        bound = K * F32 * (np.abs(x.astype(np.float64)) @ np.abs(y.astype(np.float64)))
+        assert (np.abs(out - fp32) <= 4 * bound + 1e-30).all(), np.abs(out - fp32).max()
+        return
     acc = K * F32 * absprod + 1e-30
     assert (np.abs(out - exact) <= acc).all(), np.abs(out - exact).max()
     assert (np.abs(out - fp32) <= (2 * U + U * U) * absprod + acc).all(), "beyond the bf16 error bound vs float32"
     ort = run_ort(model, feeds)[0]  # the float32 reference is onnxruntime's too
     np.testing.assert_allclose(ort, fp32, rtol=1e-4, atol=1e-4 * np.abs(fp32).max())
     assert not np.array_equal(got[0], ort)  # it did round to bf16
-    exe = kiln.compile(model, target=width, precision="bf16", num_threads=2)
-    assert exe.meta["precision"] == {"matmul_node": activation_path(width)}
 
 
 def test_gemm_trans_b_bias(width: str) -> None:
@@ -164,7 +184,7 @@ def test_conv(width: str, name: str) -> None:
     model, feeds = op_model("Conv", [x, C(w), C(b)], {"strides": [s, s], "pads": [p] * 4})
     # a conv whose output stays NCHW (a short reduction, < 256, with a graph output: block_layout keeps it plain)
     # would store its AMX C block transposed: it runs the emulated direct kernel (kiln/schedule/amx.py)
-    paths = {"emulated"} if ci * k * k < 256 else None
+    paths = {untaken_path(width, amx_takes=False)} if ci * k * k < 256 else None
     check_bf16(model, feeds, conv(s, p), ci * k * k, width, bias=b.reshape(-1, 1, 1), paths=paths)
 
 

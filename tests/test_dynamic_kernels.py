@@ -235,7 +235,12 @@ def test_bf16_with_symbolic_dims_runs_emulated_and_says_so() -> None:
     model = attention_model()
     exe = kiln.compile(model, num_threads=2, cache=False, dynamic_bounds={"batch": (1, 4), "seq": (1, 48)},
                        precision="bf16")
-    assert set(exe.meta["precision"].values()) == {"emulated"}
+    # the weight GEMMs run emulated; the MatMuls of two activations too, or float32 on a CPU whose only bf16 dot
+    # product is vdpbf16ps (kiln/graph/passes/precision.py pairs_only: it would not take them)
+    from kiln.graph.passes.precision import pairs_only
+    from kiln.target import resolve
+    kept = {"fp32"} if pairs_only(resolve("host")) else set()
+    assert set(exe.meta["precision"].values()) == {"emulated"} | kept, exe.meta["precision"]
     assert any("emulated" in why for whys in exe.meta["dynamic"]["fallbacks"].values() for why in whys)
     for i, size in enumerate([{"batch": 1, "seq": 1}, {"batch": 3, "seq": 40}]):
         feeds = _feeds(model, size, i)

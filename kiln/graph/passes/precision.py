@@ -32,13 +32,15 @@ kernel — so the activations between anchors are stored in bf16 (half the memor
 other ops too (a residual branch, attention's skip path) stays float32 for them, and its Cast is a kernel of
 its own. What stays float32: softmax, layer/instance normalization (their statistics), reductions, pooling,
 residual adds, every output. The kernels record how each anchor ran (exe.meta["precision"]): AMX tiles,
-AVX512_BF16 vdpbf16ps or emulated."""
+AVX512_BF16 vdpbf16ps ("avx512bf16"), emulated, or "fp32" — on a target whose only bf16 dot product is vdpbf16ps
+(`pairs_only`), an anchor its tile cannot take stays float32 rather than run emulated."""
 from __future__ import annotations
 
 import numpy as np
 
 from kiln.graph.ir import Graph, Node, TensorType, Value
 from kiln.graph.ops import infer
+from kiln.target import Target
 
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16")
 # a flattened K (a GEMM's, an NCHW-input conv's Ci·kh·kw) is padded with zero rows to a multiple of one AMX step
@@ -106,9 +108,28 @@ def _convertible(n: Node) -> bool:
     return n.op in ("PackedMatMul", "MatMul", "Conv")
 
 
-def lower_precision(g: Graph) -> Graph:
+def pairs_only(target: Target | None) -> bool:
+    """Is AVX512_BF16's vdpbf16ps the target's only bf16 dot product (no AMX: Zen 4, Cooper Lake)? Its register
+    tile (schedule/bf16.py) reads weights paired at compile time and A with each pair contiguous; an anchor it cannot
+    take would run emulated — bf16 rounding for no speed (the emulation's float32 multiply-adds cost what float32's
+    do, plus the casts) — so there such anchors stay float32 (`_pair_tile_takes`). Targets without any bf16 dot
+    product (AVX2, SSE, the cross ISAs) emulate every anchor: bf16 there means bf16 storage, as asked."""
+    if target is None or target.arch != "x86_64" or target.vector_bits < 256:
+        return False
+    on = {f[1:] for f in target.features.split(",") if f.startswith("+")}
+    return "avx512bf16" in on and not {"amx-tile", "amx-bf16"} <= on
+
+
+def _pair_tile_takes(n: Node) -> bool:
+    """Does the vdpbf16ps tile take this anchor: a weight GEMM, or a blocked conv (A's channel pairs contiguous)?
+    Not: MatMuls of two activations (B is not paired), convs on NCHW inputs (A's flattened K is strided)."""
+    return n.op == "PackedMatMul" or (n.op == "PackedConv" and bool(n.attrs.get("in_block")))
+
+
+def lower_precision(g: Graph, target: Target | None = None) -> Graph:
     casts: dict[int, Value] = {}   # id(float32 value) → its bf16 Cast
     nodes: list[Node] = []
+    keep_fp32 = pairs_only(target)
 
     def cast(v: Value) -> Value:
         if id(v) not in casts:
@@ -121,6 +142,9 @@ def lower_precision(g: Graph) -> Graph:
         return casts[id(v)]
 
     for n in g.nodes:
+        if _convertible(n) and keep_fp32 and not _pair_tile_takes(n):
+            n.attrs["precision"] = "fp32"
+            n.attrs["bf16_kept_fp32"] = True   # exe.meta["precision"] says "fp32" for it
         if not _convertible(n):
             nodes.append(n)
             continue
