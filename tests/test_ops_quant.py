@@ -21,6 +21,7 @@ from conftest import C, check, make_model, op_model, rand, run_kiln, run_ort, wi
 from kiln.codegen.int8 import vnni_widths
 from kiln.compiler import check_options, executable_of, lower
 from kiln.errors import KilnError
+from kiln.quantization import snr_db
 from kiln.target import resolve
 
 T = onnx.TensorProto
@@ -293,6 +294,53 @@ def test_kiln_quantize_convnet(method: str, floor_db: float) -> None:
     report = kiln.quantization_report(m, q, test)
     assert [r["op"] for r in report] == ["Conv", "Conv", "Conv", "Gemm", "output"]
     assert report[-1]["snr_db"] >= floor_db, report
+
+
+def conv_bn_net(seed: int = 3) -> onnx.ModelProto:
+    """Conv → BatchNorm → Relu → Conv (no bias) → BatchNorm, the second BatchNorm a graph output's producer."""
+    r = np.random.default_rng(seed)
+    c = 8
+
+    def bn(name: str) -> dict[str, np.ndarray]:
+        return {f"{name}_g": r.uniform(0.5, 1.5, c).astype(np.float32),
+                f"{name}_b": r.normal(0, .2, c).astype(np.float32),
+                f"{name}_m": r.normal(0, .2, c).astype(np.float32), f"{name}_v": r.uniform(.5, 2, c).astype(np.float32)}
+    inits = {"w1": r.normal(0, .3, (c, 3, 3, 3)).astype(np.float32), "b1": r.normal(0, .1, c).astype(np.float32),
+             "w2": r.normal(0, .2, (c, c, 1, 1)).astype(np.float32), **bn("bn1"), **bn("bn2")}
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1] * 4),
+             helper.make_node("BatchNormalization", ["c1", "bn1_g", "bn1_b", "bn1_m", "bn1_v"], ["n1"], epsilon=1e-3),
+             helper.make_node("Relu", ["n1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"]),
+             helper.make_node("BatchNormalization", ["c2", "bn2_g", "bn2_b", "bn2_m", "bn2_v"], ["y"])]
+    g = helper.make_graph(nodes, "convbn", [helper.make_tensor_value_info("x", T.FLOAT, [1, 3, 12, 12])],
+                          [helper.make_tensor_value_info("y", T.FLOAT, [1, c, 12, 12])],
+                          [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def test_kiln_quantize_folds_batchnorm() -> None:
+    """kiln.quantize folds each BatchNorm into its conv first (quantization/prepare.py, as onnxruntime's
+    quant_pre_process): the folded float model computes the same (onnxruntime, 1e-5), the QDQ model has no
+    BatchNormalization left, so both convs are integer anchors that stay in the blocked layout."""
+    from kiln.quantization.prepare import fold_batchnorm
+
+    m = conv_bn_net()
+    folded = fold_batchnorm(m)
+    assert [n.op_type for n in folded.graph.node] == ["Conv", "Relu", "Conv"]
+    onnx.checker.check_model(folded)
+    for f in samples(m, 3, 4):
+        want = run_ort(m, f)[0]
+        np.testing.assert_allclose(run_ort(folded, f)[0], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    q = kiln.quantize(m, samples(m, 8, 5))
+    assert not any(n.op_type == "BatchNormalization" for n in q.graph.node)
+    exe = kiln.compile(q, cache=False)
+    assert exe.meta["int8"] is not None
+    assert not any("batchnorm" in k for k in exe.meta["kernels"]), exe.meta["kernels"]
+    for f in samples(m, 3, 6):
+        want = run_ort(m, f)[0]
+        assert snr_db(want, exe.run(f)[0]) >= 30.0
 
 
 _QUANTIZED: dict[str, onnx.ModelProto] = {}

@@ -4,8 +4,9 @@
     exe = kiln.compile(q)                                # integer anchors (graph/passes/quantize_qdq.py)
     kiln.quantization_report(model, q, feeds)            # per-layer SNR against the float model
 
-Steps: plan (qdq.py: which anchors, which tensors) → calibrate (calibrate.py: the float model compiled by Kiln,
-run on the feeds, ranges by minmax / percentile / entropy) → scales and zero points → write the QDQ model."""
+Steps: prepare (prepare.py: BatchNorms folded into their convs) → plan (qdq.py: which anchors, which tensors) →
+calibrate (calibrate.py: the float model compiled by Kiln, run on the feeds, ranges by minmax / percentile /
+entropy) → scales and zero points → write the QDQ model."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -14,6 +15,7 @@ import numpy as np
 import onnx
 
 from kiln.quantization.calibrate import METHODS, check_feeds, observe, qparams
+from kiln.quantization.prepare import fold_batchnorm
 from kiln.quantization.qdq import plan, write_qdq
 
 
@@ -31,7 +33,7 @@ def quantize(model: onnx.ModelProto | str, calibration_feeds: Sequence[dict[str,
 
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    proto = load_model(model)
+    proto = fold_batchnorm(load_model(model))   # prepare.py: BatchNorms into their convs, as quant_pre_process
     feeds = check_feeds(proto, calibration_feeds)
     p = plan(proto, tuple(exclude_nodes), tuple(exclude_ops))
     if not p.anchors:
