@@ -286,7 +286,7 @@ def make_kernel(g: Group, prog: Program, name: str) -> Kernel:
 
 
 def _flops(g: Group) -> float:
-    """Multiply-add FLOPs of the group's anchors (what GFLOP/s figures count)."""
+    """Multiply-add FLOPs of the group's anchors (what GFLOP/s figures count; 8-bit multiply-adds as operations)."""
     total = 0.0
     for n in g.nodes:
         if n.op in ("MatMul", "PackedMatMul"):
@@ -297,6 +297,14 @@ def _flops(g: Group) -> float:
             x, w = n.inputs[0].shape, n.inputs[1].shape  # bf16 weights are paired (graph/passes/precision.py)
             ci = x[1] * (x[-1] if n.attrs.get("in_block") else 1)
             k = ci * int(np.prod(n.attrs["kernel"])) if n.attrs.get("vnni") else int(np.prod(w[1:-1]))
+            total += 2.0 * n.outputs[0].type.size * k
+        elif n.op in ("QMatMul", "QPackedMatMul"):  # integer multiply-adds count as FLOPs do (GOP/s)
+            total += 2.0 * n.outputs[0].type.size * n.inputs[0].shape[-1]
+        elif n.op == "QConv":
+            total += 2.0 * n.outputs[0].type.size * n.inputs[1].type.size / n.inputs[1].shape[0]
+        elif n.op == "QPackedConv":  # blocked input x[N, C/cb, H, W, cb]
+            x = n.inputs[0].shape
+            k = x[1] * x[-1] // n.attrs.get("group", 1) * int(np.prod(n.attrs["kernel"]))
             total += 2.0 * n.outputs[0].type.size * k
         elif n.op == "WinogradProduct":  # the multiply-adds really done: 16 GEMMs over the tiles
             total += 2.0 * n.outputs[0].type.size * n.inputs[0].shape[3] * n.inputs[0].shape[5]
