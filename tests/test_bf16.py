@@ -404,3 +404,17 @@ def test_dpbf16_emitted_on_any_x86_host() -> None:
     assert [k.precision for k in low.program.kernels if k.precision] == [{"matmul_node": "avx512bf16"}]
     asm = emit_assembly(optimize(low.llvm_ir, t), t)
     assert "vdpbf16ps" in asm and "zmm" in asm
+
+
+def test_isa_report_vdpbf16ps_loop() -> None:
+    """The ISA report's bf16 rows for Kiln's vdpbf16ps tile and its emulation (kiln/isa/bf16.py gemm_loop, built for
+    an AVX512_BF16 CPU on any x86 host): the tile's K loop spends one A broadcast per row and step and loads B once
+    per vector, so fewer than half the emulation's instructions per multiply-accumulate (it widens bf16 loads and
+    does one FMA per product)."""
+    from kiln.isa.bf16 import gemm_loop
+
+    if resolve("host").arch != "x86_64":
+        pytest.skip("an x86 target")
+    (n_dp, macs_dp), (n_emu, macs_emu) = gemm_loop(True), gemm_loop(False)
+    assert macs_dp >= 14 * 32 and macs_emu >= 14 * 16, (macs_dp, macs_emu)
+    assert n_dp / macs_dp < 0.07 and n_dp / macs_dp < 0.5 * n_emu / macs_emu, (n_dp, macs_dp, n_emu, macs_emu)

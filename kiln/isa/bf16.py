@@ -8,10 +8,14 @@ Rows:
     innermost loop of the emitted assembly) is counted statically: instructions, tile products, MACs per iteration
     (MT·NT·MR·16·KB = 2·2·16·16·32). Cycles: Intel's documented 16 cycles per tdpbf16ps (llvm-mca's AMX model is
     not usable: it reports ≈ 50 cycles per dependent product).
-  * AVX512_BF16 vdpbf16ps (zmm: 16 lanes × a pair) and AArch64 BFMMLA (a 2×4 · 4×2 block per 128-bit register:
-    16 MACs) — a stream of independent instructions through llvm-mca (sapphirerapids / neoverse-v1) gives the
-    reciprocal throughput. Kiln does not emit these two yet (its non-AMX bf16 path is the emulation: bf16 loads
-    widened to float32 and float32 FMAs), so they are the instruction's capacity, not a Kiln kernel's.
+  * AVX512_BF16 vdpbf16ps (zmm: 16 lanes × a pair) — Kiln's register tile (kiln/schedule/bf16.py) on a 256³ bf16
+    GEMM built for an AVX-512 CPU with AVX512_BF16 (on any host: only the object is emitted); the K loop's
+    instructions per MAC counted the same way. Cycles: llvm-mca (sapphirerapids) on a stream of independent
+    instructions (the reciprocal throughput).
+  * the emulation (bf16 loads widened to float32, vfmadd231ps) — the same GEMM on the same CPU with the switch
+    `dpbf16` off: what an AVX-512 CPU without AVX512_BF16 or AMX runs.
+  * AArch64 BFMMLA (a 2×4 · 4×2 block per 128-bit register: 16 MACs) through llvm-mca (neoverse-v1): the
+    instruction's capacity, not a Kiln kernel's (Kiln's AArch64 bf16 is emulated).
   * FMA fp32 (zmm vfmadd231ps) for scale."""
 from __future__ import annotations
 
@@ -53,6 +57,35 @@ def amx_loop() -> tuple[int, int, int]:
     return len(insns), products, products * kern.mr * 16 * kern.kb
 
 
+def gemm_loop(dpbf16: bool, size: int = 256) -> tuple[int, int]:
+    """(instructions, MACs) of one iteration of the hot K loop of Kiln's bf16 GEMM tile, built for an AVX-512 CPU
+    with AVX512_BF16 (vdpbf16ps, or the emulation with `dpbf16` off). MACs: 32 per vdpbf16ps, 16 per vfmadd."""
+    from dataclasses import replace
+
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from kiln.codegen.jit import emit_assembly, optimize
+    from kiln.compiler import lower
+    from kiln.target import resolve
+
+    base = resolve("avx512")
+    feats = [f for f in base.features.split(",") if f[1:] not in ("avx512bf16", "avx512vl") and "amx" not in f]
+    t = replace(base, name="avx512-bf16", features=",".join(feats + ["+avx512bf16", "+avx512vl"]))
+    w = numpy_helper.from_array(np.ones((size, size), np.float32), "w")
+    g = helper.make_graph([helper.make_node("MatMul", ["a", "w"], ["y"])], "gemm",
+                          [helper.make_tensor_value_info("a", TensorProto.FLOAT, [size, size])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [size, size])], [w])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    low = lower(model, t, 1, {"dpbf16": dpbf16, "amx": False}, precision="bf16", stop_after="llvm")
+    asm = emit_assembly(optimize(low.llvm_ir, t), t)
+    op, per = ("vdpbf16ps", 32) if dpbf16 else ("vfmadd231ps", 16)
+    loops = [lp for lines in functions(asm).values() for lp in innermost_loops(lines)]
+    loop = max(loops, key=lambda lp: sum(m == op for m, _ in lp.instructions()))
+    insns = loop.instructions()
+    return len(insns), per * sum(m == op for m, _ in insns)
+
+
 def _mca(line: str, triple: str, cpu: str, mattr: str = "") -> float | None:
     """Reciprocal throughput of one instruction: a block of 8 independent copies (distinct accumulators)."""
     try:
@@ -65,12 +98,17 @@ def _mca(line: str, triple: str, cpu: str, mattr: str = "") -> float | None:
 
 def table() -> list[Row]:
     n, products, macs = amx_loop()
+    dp, emu = gemm_loop(True), gemm_loop(False)
     x86, a64 = "x86_64-unknown-linux-gnu", "aarch64-unknown-linux-gnu"
     return [
         Row("tdpbf16ps", "AMX-BF16", 16 * 16 * 32, n / macs, AMX_CYCLES_PER_PRODUCT,
             f"Kiln's kernel K loop (as unrolled): {n} instructions, {products} tile products; 16 cycles documented"),
-        Row("vdpbf16ps zmm", "AVX512_BF16", 16 * 2, None,
-            _mca("vdpbf16ps %zmm30, %zmm31, %zmm{i}", x86, "sapphirerapids"), "llvm-mca sapphirerapids"),
+        Row("vdpbf16ps zmm", "AVX512_BF16", 16 * 2, dp[0] / dp[1],
+            _mca("vdpbf16ps %zmm30, %zmm31, %zmm{i}", x86, "sapphirerapids"),
+            f"Kiln's register tile K loop: {dp[0]} instructions, {dp[1] // 32} vdpbf16ps; llvm-mca sapphirerapids"),
+        Row("vfmadd231ps zmm (bf16 emulated)", "AVX-512", 16, emu[0] / emu[1],
+            _mca("vfmadd231ps %zmm30, %zmm31, %zmm{i}", x86, "sapphirerapids"),
+            f"Kiln's emulated tile K loop (dpbf16 off): {emu[0]} instructions, {emu[1] // 16} FMAs"),
         Row("bfmmla", "AArch64 BF16", 2 * 2 * 4, None,
             _mca("bfmmla v{i}.4s, v30.8h, v31.8h", a64, "neoverse-v1", "+bf16"), "llvm-mca neoverse-v1"),
         Row("vfmadd231ps zmm", "AVX-512 fp32", 16, None,
