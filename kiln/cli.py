@@ -232,7 +232,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         report = tune(_model(args.model), budget_s=args.budget_s, db=args.db, per_kernel_s=args.per_kernel_s,
                       target=args.target or "host", num_threads=args.threads, strategy=args.strategy or "direct",
                       ray_address=args.ray_address, workers=args.workers, progress=not args.quiet, seed=args.seed,
-                      retune=args.retune, max_trials=args.max_trials, **opts)
+                      retune=args.retune, max_trials=args.max_trials, precision=args.precision, **opts)
     except KeyboardInterrupt:  # Ctrl-C during tune()'s own clean-up (closing the pools): every row is committed
         print("kiln tune: interrupted; the measurements made so far are in the database", file=sys.stderr)
         return 130
@@ -336,6 +336,9 @@ def main(argv: list[str] | None = None) -> int:
                    "microkernel too)")
     t.add_argument("--disable", action="append", metavar="OPTION", help="compile option off (as kiln compile)")
     t.add_argument("--retune", action="store_true", help="search kernels that already have a record again")
+    t.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                   help="tune the kernels of `kiln compile --precision bf16` (a QDQ model's int8 anchors are tuned "
+                   "as they are)")
     t.add_argument("--max-trials", type=int, metavar="N", help="at most N candidates per distinct kernel (a trial "
                    "budget, as MetaSchedule's), within the time budget")
     t.add_argument("--seed", type=int, default=0)

@@ -27,7 +27,7 @@ from kiln.tune.database import Measurement, TuningDatabase, TuningDatabaseError
 from kiln.tune.measure import Built, Measurer, build_candidate, outputs_match
 from kiln.tune.space import Space
 from kiln.tune.tuner import kernels_of, tune
-from kiln.tune.workload import fresh, signature, target_description, target_key, workloads_of
+from kiln.tune.workload import fresh, signature, target_description, target_key, tunable, workloads_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -65,12 +65,12 @@ def main_workload(model, target, threads: int = 2):
     return max(ws, key=lambda w: (w.flops, len(w.kernel.computes)))
 
 
-def db_with_best(path, model, target, config_of, threads: int = 2) -> TuningDatabase:
+def db_with_best(path, model, target, config_of, threads: int = 2, precision: str = "fp32") -> TuningDatabase:
     """A database whose best record for each of the model's kernels is config_of(space) (None: no record)."""
     db = TuningDatabase(path)
     tkey = target_key(target, threads)
     db.add_target(tkey, target_description(target, threads))
-    for w in workloads_of(kernels_of(model, target, threads, {})):
+    for w in workloads_of(kernels_of(model, target, threads, {}, precision=precision)):
         cfg = config_of(Space(w.kernel, target, threads, {}))
         if cfg is not None:
             db.add_workload(w.sig, w.klass, "", w.flops)
@@ -123,6 +123,57 @@ def test_space_has_the_issue_knobs() -> None:
     assert cand is not None and {"0:ukr_mr", "0:mb", "0:kc", "0:ukr_order"} <= set(cand.config)
     assert "0:mr" not in cand.config  # the direct tile's rows are not consulted under ukernel
     assert space.size > 100
+
+
+def low_precision_conv(kind: str):
+    """conv3x3 as an int8 QDQ model (kiln.quantize) or as is, for precision="bf16"."""
+    model, feeds = conv3x3(c=32, hw=9, co=64)
+    if kind == "int8":
+        model = kiln.quantize(model, [{"x0": rand(1, 32, 9, 9, seed=s)} for s in (11, 12, 13)])
+    return model, feeds, "bf16" if kind == "bf16" else "fp32"
+
+
+@pytest.mark.parametrize("kind", ["int8", "bf16"])
+def test_dot_tile_space(kind: str, width: str, tmp_path) -> None:
+    """The dot-product tiles of the int8 and bf16 anchors (schedule/int8.py dot_tile: knobs flat_rows, mr,
+    tile_order) are a space like the float tile's: its default point is the heuristic's nest, the anchor's kernel
+    is tunable (random 8-bit / bf16 inputs), and random points applied by kiln.compile as tuning records compute
+    what the default build computes — exactly: rows, flattening and tile order do not reorder any sum."""
+    model, feeds, precision = low_precision_conv(kind)
+    t = resolve(width)
+    ws = workloads_of(kernels_of(model, t, 2, {}, precision=precision))
+    w = max(ws, key=lambda x: x.flops)
+    assert w.klass == f"conv_{kind}" and tunable(w.kernel), (w.klass, [(b.name, b.dtype) for b in w.kernel.args])
+    plain, dflt = fresh(w.kernel), fresh(w.kernel)
+    schedule_kernel(plain, t, 2, {})
+    space = Space(w.kernel, t, 2, {})
+    schedule_kernel(dflt, t, 2, {}, Decisions(space.default, strict=True))
+    assert str(plain) == str(dflt)
+    dot_path = kind == "int8" or "avx512bf16" in set(plain.precision.values())
+    if dot_path:
+        assert {"mr", "tile_order"} <= {k.split(":")[1] for k in space.default}, sorted(space.default)
+    rng = random.Random(3)
+    sig = signature(w.kernel)
+    want = None
+    if width_runs(width):
+        want = kiln.compile(model, target=width, num_threads=2, cache=False, tuning="off",
+                            precision=precision).run(feeds)[0]
+    for i in range(3):
+        cand = space.sample(rng)
+        assert cand is not None
+        db = db_with_best(tmp_path / f"{i}.db", model, t, lambda sp, c=cand.config: c if signature(sp.kernel) == sig
+                          else None, precision=precision)
+        db.close()
+        if want is None:  # a width this CPU cannot run: lowered and emitted with the record applied
+            c = lower(model, t, 2, check_options({}), tuning=TuningDatabase(str(tmp_path / f"{i}.db"), create=False),
+                      precision=precision)
+            assert c.obj[:4] == b"\x7fELF"
+            continue
+        exe = kiln.compile(model, target=width, num_threads=2, cache=False, tuning=str(tmp_path / f"{i}.db"),
+                           precision=precision)
+        if cand.config != space.default:
+            assert [v["sig"] for v in exe.meta["tuned"].values()] == [sig]
+        np.testing.assert_array_equal(exe.run(feeds)[0], want)
 
 
 @pytest.mark.parametrize("name", ["gemm", "conv3x3"])

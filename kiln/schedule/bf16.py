@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from kiln.codegen.dpbf16 import dpbf16_widths
 from kiln.kernel.ir import Bin, Compute, Kernel, Load, Reduce, Stmt, walk
+from kiln.schedule.config import Decisions
 from kiln.schedule.int8 import DotForm, dot_tile, grouped_reads
 from kiln.target import Target
 
@@ -40,7 +41,7 @@ def bf16_form(c: Compute) -> DotForm | None:
 
 
 def schedule_dpbf16(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
-                    options: dict[str, bool]) -> list[Stmt] | None:
+                    options: dict[str, bool], dec: Decisions | None = None) -> list[Stmt] | None:
     """The vdpbf16ps tile of a bf16 anchor, or None (see the module docstring)."""
     if not options.get("dpbf16", True) or target.scalable or not dpbf16_widths(target):
         return None
@@ -50,4 +51,4 @@ def schedule_dpbf16(k: Kernel, c: Compute, tag: str, target: Target, threads: in
         return None
     if c.hints["nr"] % min(dpbf16_widths(target)):
         return None
-    return dot_tile(c, tag, target, threads if options.get("parallel", True) else 1, bf16_form)
+    return dot_tile(c, tag, target, threads if options.get("parallel", True) else 1, bf16_form, dec)

@@ -62,7 +62,7 @@ def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: i
             return nest
     if "int8" in c.hints:  # an integer anchor: the 8-bit dot-product tile (int8.py)
         from kiln.schedule.int8 import schedule_int8
-        nest = schedule_int8(k, c, tag, target, threads, options)
+        nest = schedule_int8(k, c, tag, target, threads, options, dec)
         if nest is not None:
             return nest
     if bf16_products(c) and not symbolic_ok:  # precision="bf16" (passes/precision.py): AMX tiles if the host has them
@@ -72,7 +72,7 @@ def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: i
             k.precision[node] = "amx"
             k.strategies.setdefault(node, str(c.hints.get("strategy", "direct")))
             return nest
-        nest = schedule_dpbf16(k, c, tag, target, threads, options)  # else vdpbf16ps where the CPU has it (bf16.py)
+        nest = schedule_dpbf16(k, c, tag, target, threads, options, dec)  # else vdpbf16ps where the CPU has it
         if nest is not None:
             k.precision[node] = "avx512bf16"
             k.strategies[node] = "direct"

@@ -57,6 +57,7 @@ from kiln.kernel.ir import (
     substitute,
     walk,
 )
+from kiln.schedule.config import Decisions
 from kiln.schedule.tile import flatten_rows, pick_mr, rename_tile, simplify_panels, substitute_all
 from kiln.target import Target
 
@@ -105,24 +106,31 @@ def int8_form(c: Compute) -> DotForm | None:
     return grouped_reads(red, a, b, 4)
 
 
-def choose_dot_tile(c: Compute, target: Target) -> tuple[int, bool]:
+def choose_dot_tile(c: Compute, target: Target, dec: Decisions | None = None) -> tuple[int, bool]:
     """(MR, flatten_rows): rows as the float tile's — the registers left beside MR·NR/lanes accumulators and the
-    NR/lanes weight vectors of a step (AVX-512 NR = 32: 14 rows; AVX2 NR = 16: 6)."""
+    NR/lanes weight vectors of a step (AVX-512 NR = 32: 14 rows; AVX2 NR = 16: 6). Knobs (schedule/config.py):
+    `flat_rows` (a conv's output rows merged into one pixel axis, where it has several) and `mr` (1 … the most rows
+    the registers hold); the heuristic picks the one of the two row counts that wastes least, default."""
+    dec = dec if dec is not None else Decisions()
     lanes, regs = target.lanes(32), target.vector_registers
     nvec = max(1, c.hints["nr"] // lanes)
     most = max(1, (regs - nvec - 2) // nvec)
     m_axis = c.hints["m_axis"] % len(c.axes)
     mr = pick_mr(c.extents[m_axis], most)
     spatial = tuple(a % len(c.axes) for a in c.hints.get("spatial", ()))
+    flat, rows = False, c.extents[m_axis]
     if spatial and m_axis == spatial[1] and c.extents[spatial[0]] > 1:
-        flat_mr = pick_mr(c.extents[spatial[0]] * c.extents[spatial[1]], most)
-        if flat_mr > mr:
-            return flat_mr, True
-    return mr, False
+        pixels = c.extents[spatial[0]] * c.extents[spatial[1]]
+        flat_mr = pick_mr(pixels, most)
+        flat = bool(dec.knob("flat_rows", flat_mr > mr, (False, True)))
+        if flat:
+            mr, rows = flat_mr, pixels
+    mr = int(dec.knob("mr", mr, range(1, min(most, rows) + 1)))
+    return mr, flat
 
 
 def schedule_int8(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
-                  options: dict[str, bool]) -> list[Stmt] | None:
+                  options: dict[str, bool], dec: Decisions | None = None) -> list[Stmt] | None:
     """The loop nest of an integer anchor by its strategy, or None (the default schedule then builds it)."""
     if int8_form(c) is None or target.scalable:
         return None
@@ -132,13 +140,17 @@ def schedule_int8(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
     if not (options.get("register_tile", True) and options.get("vectorize", True)):
         return None
     k.strategies[node] = "direct"
-    return dot_tile(c, tag, target, threads if options.get("parallel", True) else 1, int8_form)
+    return dot_tile(c, tag, target, threads if options.get("parallel", True) else 1, int8_form, dec)
 
 
 def dot_tile(c: Compute, tag: str, target: Target, threads: int,
-             form_of: Callable[[Compute], DotForm | None]) -> list[Stmt]:
-    """The register tile of the module docstring, for any dot-product form (`form_of`: int8_form, bf16_form)."""
-    mr, flat = choose_dot_tile(c, target)
+             form_of: Callable[[Compute], DotForm | None], dec: Decisions | None = None) -> list[Stmt]:
+    """The register tile of the module docstring, for any dot-product form (`form_of`: int8_form, bf16_form).
+    Knobs: `flat_rows` and `mr` (choose_dot_tile); `tile_order` — "rows" (consecutive work items share a weight
+    panel: the default) or "panels" (they share the A rows)."""
+    dec = dec if dec is not None else Decisions()
+    mr, flat = choose_dot_tile(c, target, dec)
+    rows_fastest = dec.knob("tile_order", "rows", ("rows", "panels")) == "rows"
     if flat:
         c = flatten_rows(c)
     form = form_of(c)
@@ -156,12 +168,13 @@ def dot_tile(c: Compute, tag: str, target: Target, threads: int,
     lanes = max(1, nr // target.lanes(32))
     others = [(v, e) for i, (v, e) in enumerate(zip(c.axes, c.extents)) if i not in (m_axis, n_axis)]
     n_mo, n_no = -(-M // mr), -(-N // nr)
-    extents = [e for _, e in others] + [n_no, n_mo]
+    order = [(no, n_no), (mo, n_mo)] if rows_fastest else [(mo, n_mo), (no, n_no)]
+    extents = [e for _, e in others] + [e for _, e in order]
     total = int(np.prod(extents))
     flat_v = Var(f"tile{tag}")
     decode: dict[Expr, Expr] = {}
     stride = 1
-    for v, e in reversed(list(zip([v for v, _ in others] + [no, mo], extents))):
+    for v, e in reversed(list(zip([v for v, _ in others] + [v for v, _ in order], extents))):
         decode[v] = (flat_v // stride) % e if stride > 1 else flat_v % e
         stride *= e
     m_expr, n_expr = mo * mr + mi, no * nr + ni

@@ -135,6 +135,8 @@ def build_candidate(kernel: Kernel, target: Target, threads: int, options: dict[
 def make_buffers(roles: list[tuple[str, str, tuple[int, ...], str]], seed: int) -> list[np.ndarray]:
     """The candidate's buffers, 64-byte aligned: inputs seeded standard-normal, outputs a seeded fill (elements a
     kernel does not write keep it, the same for every candidate), scratch zeros."""
+    import ml_dtypes  # noqa: F401  (registers numpy's "bfloat16")
+
     from kiln.runtime.executable import _aligned
 
     out = []

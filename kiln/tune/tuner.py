@@ -64,17 +64,19 @@ class TuneReport:
 
 
 def kernels_of(model: onnx.ModelProto | str | bytes, target: Target, threads: int, options: dict[str, bool],
-               strategy: str = "direct", input_shapes: dict[str, Sequence[int]] | None = None) -> list:
+               strategy: str = "direct", input_shapes: dict[str, Sequence[int]] | None = None,
+               precision: str = "fp32") -> list:
     """The unscheduled kernels kiln.compile would build (steps 1–3 of compiler.lower)."""
     from kiln.frontend.onnx import import_onnx
     from kiln.graph.passes import run_graph_passes
+    from kiln.graph.passes.precision import assign_precision
     from kiln.kernel.build import build_program
     from kiln.strategy import assign_strategies
 
     if strategy not in ("direct", "ukernel"):
         raise ValueError(f"kiln tune builds strategy 'direct' (which searches the microkernel too) or 'ukernel', "
                          f"not {strategy!r}")
-    graph = assign_strategies(import_onnx(model, input_shapes), strategy)
+    graph = assign_precision(assign_strategies(import_onnx(model, input_shapes), strategy), precision)
     graph = run_graph_passes(graph, options, target)
     return build_program(graph, options).kernels
 
@@ -90,11 +92,14 @@ def tune(model: onnx.ModelProto | str | bytes | os.PathLike, budget_s: float = 9
          per_kernel_s: float = 120.0, target: str | Target = "host", num_threads: int | None = None,
          strategy: str = "direct", ray_address: str | None = None, workers: str = "ray", progress: bool = True,
          seed: int = 0, retune: bool = False, input_shapes: dict[str, Sequence[int]] | None = None,
-         measure_timeout_s: float = 30.0, max_trials: int | None = None, **options: bool) -> TuneReport:
+         measure_timeout_s: float = 30.0, max_trials: int | None = None, precision: str = "fp32",
+         **options: bool) -> TuneReport:
     """Tune a model's kernels for `target` (this machine, or a narrower x86 width of it) within `budget_s`
     seconds, recording into the tuning database `db` (default: $KILN_CACHE_DIR/tuning.db); `max_trials`: at most
     that many candidates per workload, whatever time is left (a trial budget, as MetaSchedule's). Returns a report;
-    `kiln.compile(model)` then applies the best records (tuning="auto")."""
+    `kiln.compile(model)` then applies the best records (tuning="auto"). `precision="bf16"` tunes the kernels of
+    `kiln.compile(model, precision="bf16")` (its anchors' vdpbf16ps / emulated tiles); a quantized (QDQ) model's
+    integer anchors are tuned as they are."""
     from kiln.frontend.onnx import load_model
     from kiln.tune.distributed import make_pool
 
@@ -109,7 +114,7 @@ def tune(model: onnx.ModelProto | str | bytes | os.PathLike, budget_s: float = 9
                                                     else os.cpu_count() or 1)
     opts = {k: bool(v) for k, v in options.items()}
     proto = load_model(model)
-    kernels = kernels_of(proto, tgt, threads, opts, strategy, input_shapes)
+    kernels = kernels_of(proto, tgt, threads, opts, strategy, input_shapes, precision)
     tkey = target_key(tgt, threads)
     database = TuningDatabase(db)
     report = TuneReport(proto.graph.name or "model", tgt.name, threads, database.path)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kiln.kernel.ir import Kernel, Reduce, walk
+from kiln.kernel.ir import Kernel, Load, Reduce, walk
 from kiln.target import Target
 
 # hints that name a node rather than describe the computation
@@ -43,19 +43,23 @@ def signature(k: Kernel) -> str:
 
 def kernel_class(k: Kernel) -> str:
     """The kernel's class, for the cost model and its per-class reports: matmul, conv, depthwise, winograd_gemm,
-    winograd_transform, reorder, pool, reduce, elementwise."""
+    winograd_transform, reorder, pool, reduce, elementwise; an anchor's class carries its precision (matmul_int8,
+    conv_bf16, ...): the dot-product tiles are another cost landscape."""
     hints: dict = {}
     for c in k.computes:
         hints.update(c.hints)
     op = str(hints.get("op", ""))
+    low = "_int8" if op.startswith("Q") else "_bf16" if any(b.dtype == "bfloat16" for b in k.args) else ""
+    if op.startswith("Q"):
+        op = op[1:]
     if hints.get("depthwise"):
-        return "depthwise"
+        return "depthwise" + low
     if op == "WinogradProduct":
         return "winograd_gemm"
     if op in ("MatMul", "PackedMatMul"):
-        return "matmul"
+        return "matmul" + low
     if op in ("Conv", "PackedConv"):
-        return "conv"
+        return "conv" + low
     if "winograd" in hints:
         return "winograd_transform"
     if "reorder" in hints:
@@ -101,9 +105,13 @@ class Workload:
 
 
 def tunable(k: Kernel) -> bool:
-    """Kernels the tuner measures alone: floating-point arguments only (random inputs of an index or mask type
-    would read out of bounds), and at least one compute."""
-    return bool(k.computes) and all(np.dtype(b.dtype).kind == "f" for b in k.args)
+    """Kernels the tuner measures alone: at least one compute, and arguments that random values cannot send out of
+    bounds — floating-point ones (bfloat16 included), and integer ones only where no load reads them as an index
+    (an 8-bit activation or weight, an int32 accumulator addend: values, not addresses)."""
+    indices = {x.buf for c in k.computes for e in walk(c.body) if isinstance(e, Load)
+               for ix in e.index for x in walk(ix) if isinstance(x, Load)}
+    return bool(k.computes) and all(b.dtype == "bfloat16" or np.dtype(b.dtype).kind == "f"
+                                    or (np.dtype(b.dtype).kind in "iu" and b.name not in indices) for b in k.args)
 
 
 def workloads_of(kernels: Sequence[Kernel]) -> list[Workload]:
