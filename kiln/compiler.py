@@ -183,6 +183,27 @@ def compiler_fingerprint() -> str:
     return h.hexdigest()[:16]
 
 
+HASHED_TENSOR_BYTES = 1 << 16  # initializers this large enter the cache key as their SHA-1
+
+
+def model_identity(proto: onnx.ModelProto) -> bytes:
+    """What the compile cache knows a model by: its serialization with the raw bytes of each large initializer
+    replaced by their SHA-1 (threads hash them: hashlib releases the GIL). Serializing resnet50's 100 MB of
+    weights and hashing the result cost a cache hit 0.16 s; the copy without them serializes in 0.02 s."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    big = [i for i, t in enumerate(proto.graph.initializer) if len(t.raw_data) >= HASHED_TENSOR_BYTES]
+    if not big:
+        return proto.SerializeToString(deterministic=True)
+    with ThreadPoolExecutor(min(len(big), default_threads())) as pool:
+        digests = list(pool.map(lambda i: hashlib.sha1(proto.graph.initializer[i].raw_data).digest(), big))
+    light = onnx.ModelProto()
+    light.CopyFrom(proto)  # upb shares the tensors' bytes: cheap
+    for i, d in zip(big, digests):
+        light.graph.initializer[i].raw_data = d
+    return light.SerializeToString(deterministic=True)
+
+
 def _cache_key(model_bytes: bytes, target: Target, num_threads: int, options: dict[str, bool],
                input_shapes: dict | None, strategy: str = "direct", strategies: dict[str, str] | None = None,
                bounds_check: bool = False, tuning: str = "", precision: str = "fp32",
@@ -242,7 +263,7 @@ def compile(model: onnx.ModelProto | str | bytes | os.PathLike | AtenProgram, ta
         proto, identity = model, model.fingerprint()
     else:
         proto = load_model(model)
-        identity = proto.SerializeToString(deterministic=True)
+        identity = model_identity(proto) if cache else b""
     db = _tuning_db(tuning)
     try:
         return _compile(proto, identity, tgt, threads, opts, input_shapes, cache, strategy, strategies,
