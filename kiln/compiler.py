@@ -2,12 +2,14 @@
 Lower.cpp): every stage can be printed between any two passes (`kiln explain`)."""
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import hashlib
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +66,21 @@ def check_options(options: dict[str, Any]) -> dict[str, bool]:
     return {k: bool(v) for k, v in options.items()}
 
 
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cycle collector off while the compiler runs: a compile allocates hundreds of thousands of long-lived
+    objects (kernel IR, llvmlite instructions), and the collector's passes over them cost resnet50's codegen a third
+    of its time (2.4 → 1.6 s CPU). What the compile leaves in cycles is collected afterwards. Also a decorator."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+@gc_paused()
 def lower(model: onnx.ModelProto | str | bytes | AtenProgram, target: Target, num_threads: int,
           options: dict[str, bool], input_shapes: dict[str, Sequence[int]] | None = None, trace: Trace | None = None,
           stop_after: str = "object", strategy: str = "direct",
@@ -93,6 +110,7 @@ def lower(model: onnx.ModelProto | str | bytes | AtenProgram, target: Target, nu
     return lower_graph(graph, target, num_threads, options, trace, stop_after, bounds_check, t0, tuning, jobs)
 
 
+@gc_paused()
 def lower_graph(graph: Graph, target: Target, num_threads: int, options: dict[str, bool],
                 trace: Trace | None = None, stop_after: str = "object", bounds_check: bool = False,
                 t0: float | None = None, tuning: Any = None, jobs: int = 1) -> Compiled:
