@@ -95,3 +95,25 @@ def test_a_dead_worker_units_are_rebuilt(split_small: None, monkeypatch: pytest.
     feeds = inputs("mlp")
     np.testing.assert_allclose(executable_of(c, host(), 2).run(feeds)[0], _ort("mlp", feeds)[0], rtol=1e-4,
                                atol=1e-4)
+
+
+def test_an_error_here_stops_the_workers(split_small: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An error in this process's share surfaces as itself, and leaves no worker behind."""
+    def broken(*args, **kw):  # noqa: ANN002, ANN003, ANN202
+        raise RuntimeError("codegen broke")
+
+    pids, fork = [], split.jit.fork
+
+    def recorded() -> int:
+        pid = fork()
+        pids.append(pid)
+        return pid
+
+    monkeypatch.setattr(split, "build_module_text", broken)
+    monkeypatch.setattr(split.jit, "fork", recorded)
+    with pytest.raises(RuntimeError, match="codegen broke"):
+        lower(build("mlp"), host(), 2, check_options({}), jobs=2)
+    assert pids
+    for pid in pids:
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # stopped and reaped

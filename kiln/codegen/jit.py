@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
 import threading
 
 import llvmlite.binding as llvm
@@ -66,6 +67,17 @@ def emit_object(mod: llvm.ModuleRef, target: Target, reloc: str = "pic") -> byte
 def emit_assembly(mod: llvm.ModuleRef, target: Target) -> str:
     with _LOCK:
         return target_machine(target).emit_assembly(mod)
+
+
+def fork() -> int:
+    """os.fork() while holding the LLVM lock, so no other thread of this process is inside LLVM at the fork; the
+    child gets a fresh lock (its copy of this one stays held)."""
+    global _LOCK
+    with _LOCK:
+        pid = os.fork()
+    if pid == 0:
+        _LOCK = threading.Lock()
+    return pid
 
 
 class LoadedObject:

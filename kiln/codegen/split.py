@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import pickle
-import threading
+import signal
 import time
 from collections.abc import Callable
 from typing import Any
@@ -54,18 +54,24 @@ def build_objects(prog: Program, plan: MemoryPlan, units: list[list[int]], targe
     """The entry module's object first, then one object per unit; the function each kernel call calls; and the CPU
     seconds spent in codegen and LLVM over all processes."""
     counter = _Counter()
-    workers = [_fork(lambda: _work(prog, units, target, counter)) for _ in range(min(jobs, len(units)) - 1)]
-    t = time.process_time()
-    text, called = build_module_text(prog, plan, target, split=True)
-    t1 = time.process_time()
-    entry = jit.emit_object(jit.optimize(text, target), target, reloc=RELOC)
-    cpu = {"codegen": t1 - t, "llvm": time.process_time() - t1}
-    done = {u: rest for u, *rest in _work(prog, units, target, counter)}
-    for pid, fd in workers:
-        done.update({u: rest for u, *rest in _collect(pid, fd)})
+    workers = [_fork(lambda: _work(prog, units, target, counter.take)) for _ in range(min(jobs, len(units)) - 1)]
+    try:
+        t = time.process_time()
+        text, called = build_module_text(prog, plan, target, split=True)
+        t1 = time.process_time()
+        entry = jit.emit_object(jit.optimize(text, target), target, reloc=RELOC)
+        cpu = {"codegen": t1 - t, "llvm": time.process_time() - t1}
+        done = {u: rest for u, *rest in _work(prog, units, target, counter.take)}
+        while workers:
+            done.update({u: rest for u, *rest in _collect(*workers.pop())})
+    finally:  # an error here: stop the workers (they are only building what this build will not use)
+        for pid, fd in workers:
+            os.close(fd)
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
     for u in range(len(units)):  # a unit a worker claimed but did not deliver
         if u not in done:
-            done.update({v: rest for v, *rest in _work(prog, units, target, _Counter(u, u + 1))})
+            done.update({v: rest for v, *rest in _work(prog, units, target, iter([u, len(units)]).__next__)})
     for _, codegen_s, llvm_s in done.values():
         cpu["codegen"] += codegen_s
         cpu["llvm"] += llvm_s
@@ -75,10 +81,9 @@ def build_objects(prog: Program, plan: MemoryPlan, units: list[list[int]], targe
 class _Counter:
     """The next unit to build, shared by the processes forked after it was made (an anonymous shared mapping)."""
 
-    def __init__(self, start: int = 0, stop: int | None = None) -> None:
+    def __init__(self) -> None:
         import multiprocessing
-        self.value = multiprocessing.get_context("fork").Value("l", start)
-        self.stop = stop
+        self.value = multiprocessing.get_context("fork").Value("l", 0)
 
     def take(self) -> int:
         with self.value.get_lock():
@@ -87,10 +92,10 @@ class _Counter:
             return u
 
 
-def _work(prog: Program, units: list[list[int]], target: Target, counter: _Counter) -> list[tuple]:
-    """Build units until none is left: (unit, object, codegen s, llvm s) each."""
+def _work(prog: Program, units: list[list[int]], target: Target, take: Callable[[], int]) -> list[tuple]:
+    """Build the units `take` hands out until it hands out len(units): (unit, object, codegen s, llvm s) each."""
     out = []
-    while (u := counter.take()) < len(units) and (counter.stop is None or u < counter.stop):
+    while (u := take()) < len(units):
         t = time.process_time()
         text = build_unit_text(prog, units[u], target)
         t1 = time.process_time()
@@ -100,16 +105,13 @@ def _work(prog: Program, units: list[list[int]], target: Target, counter: _Count
 
 
 def _fork(job: Callable[[], Any]) -> tuple[int, int]:
-    """Run `job` in a forked child that pickles its result into a pipe; (pid, read end). Forked while holding the
-    LLVM lock, so no other thread of this process is inside LLVM."""
+    """Run `job` in a forked child that pickles its result into a pipe; (pid, read end)."""
     r, w = os.pipe()
-    with jit._LOCK:
-        pid = os.fork()
-    if pid == 0:  # the child: a fresh lock (the parent's copy was held at the fork), never returns
+    pid = jit.fork()
+    if pid == 0:  # the child: never returns
         os.close(r)
         code = 0
         try:
-            jit._LOCK = threading.Lock()
             data = pickle.dumps(job(), protocol=pickle.HIGHEST_PROTOCOL)
             with os.fdopen(w, "wb") as f:
                 f.write(data)
