@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
 import threading
 
 import llvmlite.binding as llvm
@@ -35,10 +36,13 @@ def code_model(target: Target) -> str:
     return "large" if target.arch == "x86_64" else "default"
 
 
-def target_machine(target: Target, opt: int = 3) -> llvm.TargetMachine:
+def target_machine(target: Target, opt: int = 3, reloc: str = "pic") -> llvm.TargetMachine:
+    """`reloc="static"` for objects MCJIT links with each other (codegen/split.py): absolute 64-bit addresses, no
+    GOT — RuntimeDyld resolves a GOT-relative reference (R_X86_64_GOTOFF64) wrongly in an object without GOT
+    entries (the kernels then read and write at wild addresses)."""
     init_llvm()
     t = llvm.Target.from_triple(target.triple)
-    return t.create_target_machine(cpu=target.cpu, features=target.features, opt=opt, reloc="pic",
+    return t.create_target_machine(cpu=target.cpu, features=target.features, opt=opt, reloc=reloc,
                                    codemodel=code_model(target))
 
 
@@ -55,9 +59,9 @@ def optimize(ir_text: str, target: Target, opt: int = 3) -> llvm.ModuleRef:
         return mod
 
 
-def emit_object(mod: llvm.ModuleRef, target: Target) -> bytes:
+def emit_object(mod: llvm.ModuleRef, target: Target, reloc: str = "pic") -> bytes:
     with _LOCK:
-        return target_machine(target).emit_object(mod)
+        return target_machine(target, reloc=reloc).emit_object(mod)
 
 
 def emit_assembly(mod: llvm.ModuleRef, target: Target) -> str:
@@ -65,13 +69,27 @@ def emit_assembly(mod: llvm.ModuleRef, target: Target) -> str:
         return target_machine(target).emit_assembly(mod)
 
 
-class LoadedObject:
-    """An object file mapped into this process; keeps the engine alive as long as the functions."""
+def fork() -> int:
+    """os.fork() while holding the LLVM lock, so no other thread of this process is inside LLVM at the fork; the
+    child gets a fresh lock (its copy of this one stays held)."""
+    global _LOCK
+    with _LOCK:
+        pid = os.fork()
+    if pid == 0:
+        _LOCK = threading.Lock()
+    return pid
 
-    def __init__(self, obj: bytes, target: Target):
+
+class LoadedObject:
+    """Object files mapped into this process, linked with each other (a model split into compile units: the entry
+    module's object calls the kernels of the others, codegen/split.py); keeps the engine alive as long as the
+    functions."""
+
+    def __init__(self, objs: bytes | list[bytes], target: Target):
         with _LOCK:
             self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), target_machine(target))
-            self.engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
+            for obj in [objs] if isinstance(objs, bytes) else objs:
+                self.engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
             self.engine.finalize_object()
 
     def address(self, name: str) -> int:

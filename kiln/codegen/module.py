@@ -4,7 +4,10 @@
                    ptr kiln_parallel)
 
 It calls the kernels in order with pointers from the static memory plan. Structurally identical kernels
-share one function. A non-null `profile_hook(i32 k)` is called after kernel k (for `--profile`);
+share one function. The host JIT may instead build the kernels as several modules (`build_unit_text`, one per
+compile unit, codegen/split.py) beside an entry module that declares them (`build_module_text(..., split=True)`):
+then the kernels and the globals the entry point sets are external symbols, which MCJIT links between the objects.
+A non-null `profile_hook(i32 k)` is called after kernel k (for `--profile`);
 `kiln_parallel` is the process's thread pool (runtime/threadpool.py), passed in so a saved object needs
 nothing from the process that compiled it."""
 from __future__ import annotations
@@ -16,7 +19,7 @@ from collections.abc import Iterator
 from llvmlite import ir
 
 from kiln.codegen.bounds import declare_bounds_runtime, set_current_kernel
-from kiln.codegen.exprs import I32, I64, PTR, declare_dims, dims_value
+from kiln.codegen.exprs import DIMS_ACCESSOR, DIMS_GLOBAL, I32, I64, PTR, declare_dims, dims_value
 from kiln.codegen.kernel import NTHREADS_GLOBAL, PARALLEL_GLOBAL, KernelEmitter, declare_runtime
 from kiln.codegen.loops import emit_loop
 from kiln.kernel.build import Program
@@ -47,10 +50,55 @@ def opaque_pointers() -> Iterator[None]:
 
 
 def build_module_text(prog: Program, plan: MemoryPlan, target: Target,
-                      bounds_check: bool = False) -> tuple[str, list[str]]:
+                      bounds_check: bool = False, split: bool = False) -> tuple[str, list[str]]:
+    """The model's module: its kernels and `kiln_main`; `split`: `kiln_main` alone, calling the kernels of the
+    units' modules (`build_unit_text`)."""
     with opaque_pointers():
-        m, called = build_module(prog, plan, target, bounds_check)
-        return link_extern_ir(str(m), prog.kernels), called
+        m, called = build_module(prog, plan, target, bounds_check, split)
+        return (str(m) if split else link_extern_ir(str(m), prog.kernels)), called
+
+
+def build_unit_text(prog: Program, kernels: list[int], target: Target) -> str:
+    """A module of some of the model's distinct kernels (indices into prog.kernels), external, for an entry module
+    built with split=True."""
+    with opaque_pointers():
+        m = ir.Module(name=f"{prog.graph.name}.k{kernels[0]}")
+        m.triple = target.triple
+        declare_runtime(m)
+        if prog.dims is not None:
+            declare_dims(m)
+        for i in kernels:
+            k = prog.kernels[i]
+            KernelEmitter(m, k, k.name, target=target).emit().linkage = ""  # external: kiln_main is elsewhere
+        share_globals(m, define=False)
+        return link_extern_ir(str(m), [prog.kernels[i] for i in kernels])
+
+
+def distinct_kernels(prog: Program) -> tuple[list[int], list[str]]:
+    """The index of the first kernel of each structure (`kernel_key`) and, per kernel call, the name of the
+    function it calls (that first kernel's name)."""
+    first: dict[str, int] = {}
+    called = []
+    for i, k in enumerate(prog.kernels):
+        called.append(prog.kernels[first.setdefault(kernel_key(k), i)].name)
+    return list(first.values()), called
+
+
+SHARED_GLOBALS = (NTHREADS_GLOBAL, PARALLEL_GLOBAL, DIMS_GLOBAL)  # set by kiln_main, read by the kernels
+
+
+def share_globals(m: ir.Module, define: bool) -> None:
+    """The globals kiln_main sets as external symbols: defined in the entry module, declared in the units' modules
+    (whose copy of the dims accessor is dropped: the entry module exports it)."""
+    for name in SHARED_GLOBALS:
+        g = m.globals.get(name)
+        if g is None:
+            continue
+        g.linkage = "" if define else "external"
+        if not define:
+            g.initializer = None
+    if not define and DIMS_ACCESSOR in m.globals:
+        m.globals[DIMS_ACCESSOR].linkage = "internal"
 
 
 def link_extern_ir(text: str, kernels: list[Kernel]) -> str:
@@ -75,9 +123,9 @@ def _declared(text: str, declaration: str) -> bool:
 
 
 def build_module(prog: Program, plan: MemoryPlan, target: Target,
-                 bounds_check: bool = False) -> tuple[ir.Module, list[str]]:
+                 bounds_check: bool = False, split: bool = False) -> tuple[ir.Module, list[str]]:
     """Returns the module and, per kernel call, the name of the function it calls. `bounds_check`: the debug
-    build, every memory access checked (codegen/bounds.py)."""
+    build, every memory access checked (codegen/bounds.py). `split`: the kernels only declared (external)."""
     m = ir.Module(name=prog.graph.name)
     m.triple = target.triple
     declare_runtime(m)
@@ -85,13 +133,15 @@ def build_module(prog: Program, plan: MemoryPlan, target: Target,
         declare_dims(m)
     if bounds_check:
         declare_bounds_runtime(m)
-    fns: dict[str, ir.Function] = {}
-    called: list[str] = []
-    for k in prog.kernels:
-        key = kernel_key(k)
-        if key not in fns:
-            fns[key] = KernelEmitter(m, k, k.name, bounds_check, target=target).emit()
-        called.append(fns[key].name)
+    distinct, called = distinct_kernels(prog)
+    for i in distinct:
+        k = prog.kernels[i]
+        if split:
+            ir.Function(m, ir.FunctionType(ir.VoidType(), [PTR] * (len(k.args) + len(k.scratch))), k.name)
+        else:
+            KernelEmitter(m, k, k.name, bounds_check, target=target).emit()
+    if split:
+        share_globals(m, define=True)
 
     hook_ty = ir.PointerType(ir.FunctionType(ir.VoidType(), [I32]))  # typed, so llvmlite knows the callee type
     entry = ir.Function(m, ir.FunctionType(ir.VoidType(), [PTR, PTR, PTR, PTR, I32, hook_ty, PTR]), ENTRY)

@@ -20,10 +20,11 @@ from kiln.codegen.bounds import RECORD_ACCESSOR, RECORD_LEN
 from kiln.codegen.jit import LoadedObject
 from kiln.codegen.module import ENTRY
 from kiln.errors import BoundsError
+from kiln.runtime.memory import aligned_buffer
 from kiln.runtime.threadpool import pool_address
 from kiln.target import Target
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: meta["objects"] names the object files (2: one, module.o; still read)
 _ENTRY_T = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                             ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p)
 _HOOK_T = ctypes.CFUNCTYPE(None, ctypes.c_int32)
@@ -39,14 +40,18 @@ class IOSpec:
 class Executable:
     """`exe.run({name: array}) -> [outputs]`; `exe.save(path)`; `kiln.load(path)`."""
 
-    def __init__(self, obj: bytes, weights: bytes, meta: dict[str, Any], target: Target):
-        self.obj, self.meta, self.target = obj, meta, target
+    def __init__(self, objs: bytes | list[bytes], weights: bytes, meta: dict[str, Any], target: Target):
+        # the machine code: one object, or the entry module's and one per compile unit (codegen/split.py)
+        self.objs: list[bytes] = [objs] if isinstance(objs, bytes) else list(objs)
+        self.meta, self.target = meta, target
         self.inputs = [IOSpec(d["name"], d["dtype"], tuple(d["shape"])) for d in meta["inputs"]]
         self.outputs = [IOSpec(d["name"], d["dtype"], tuple(d["shape"])) for d in meta["outputs"]]
         self.kernel_names: list[str] = meta.get("kernels", [])
         self.num_threads: int = meta["num_threads"]
-        if isinstance(weights, np.ndarray) and weights.ctypes.data % 64 == 0:  # already aligned (load reads into it)
-            self._weights = weights
+        w = weights if isinstance(weights, np.ndarray) else np.frombuffer(weights, dtype=np.uint8) if len(weights) \
+            else None
+        if w is not None and w.ndim == 1 and w.dtype == np.uint8 and w.ctypes.data % 64 == 0:
+            self._weights = w  # already aligned (the memory plan's blob, or load read into it): no copy
         else:
             self._weights = _aligned(len(weights), zero=False)
             self._weights[:len(weights)] = np.frombuffer(weights, dtype=np.uint8)
@@ -57,7 +62,7 @@ class Executable:
         if meta.get("amx"):  # AMX tiles (precision="bf16"): the process must hold the tile permission first
             from kiln.runtime.amx import ensure
             ensure()
-        self._code = LoadedObject(obj, target)
+        self._code = LoadedObject(self.objs, target)
         self._entry = _ENTRY_T(self._code.address(ENTRY))
         self._pool = pool_address()
         self._bounds = _bounds_record(self._code) if meta.get("bounds_check") else None
@@ -201,10 +206,13 @@ class Executable:
 
     # -- persistence -----------------------------------------------------------------------------------------------
     def save(self, path: str) -> None:
+        names = ["module.o"] if len(self.objs) == 1 else [f"module{i}.o" for i in range(len(self.objs))]
         with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as z:
-            z.writestr("meta.json", json.dumps({**self.meta, "format": FORMAT_VERSION, "target_key": self.target.key}))
-            z.writestr("module.o", self.obj)
-            z.writestr("weights.bin", self._weights.tobytes())
+            z.writestr("meta.json", json.dumps({**self.meta, "format": FORMAT_VERSION, "target_key": self.target.key,
+                                                "objects": names}))
+            for name, obj in zip(names, self.objs):
+                z.writestr(name, obj)
+            z.writestr("weights.bin", self._weights.data)
 
     @staticmethod
     def load(path: str | io.BytesIO, num_threads: int | None = None) -> Executable:
@@ -213,21 +221,21 @@ class Executable:
         try:
             with zipfile.ZipFile(path) as z:
                 meta = json.loads(z.read("meta.json"))
-                obj = z.read("module.o")
+                if meta.get("format") not in (2, FORMAT_VERSION):
+                    raise ValueError(f"{path}: format {meta.get('format')} but this Kiln reads {FORMAT_VERSION}")
+                objs = [z.read(name) for name in meta.pop("objects", ["module.o"])]
                 weights = _read_stored(path, z.getinfo("weights.bin")) if isinstance(path, (str, os.PathLike)) \
                     else None
                 if weights is None:
                     weights = z.read("weights.bin")
         except (zipfile.BadZipFile, KeyError, OSError, json.JSONDecodeError) as e:
             raise ValueError(f"{path} is not a saved Kiln executable: {e}") from None
-        if meta.get("format") != FORMAT_VERSION:
-            raise ValueError(f"{path}: format {meta.get('format')} but this Kiln reads {FORMAT_VERSION}")
         target = host()
         if meta.get("target_key") != target.key:
             raise ValueError(f"{path} was compiled for another target ({meta.get('target_key')}), not this host")
         if num_threads is not None:
             meta["num_threads"] = num_threads
-        return Executable(obj, weights, meta, target)
+        return Executable(objs, weights, meta, target)
 
 
 def _bounds_record(code: LoadedObject) -> ctypes.Array:
@@ -258,6 +266,4 @@ def _read_stored(path: str | os.PathLike, info: zipfile.ZipInfo) -> np.ndarray |
 
 
 def _aligned(nbytes: int, align: int = 64, zero: bool = True) -> np.ndarray:
-    raw = (np.zeros if zero else np.empty)(nbytes + align, dtype=np.uint8)
-    off = (-raw.ctypes.data) % align
-    return raw[off:off + nbytes] if nbytes else raw[off:off + 1]
+    return aligned_buffer(nbytes, align, zero)

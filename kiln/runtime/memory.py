@@ -35,6 +35,13 @@ def _align(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
+def aligned_buffer(nbytes: int, align: int = ALIGN, zero: bool = True) -> np.ndarray:
+    """uint8[nbytes] starting at a multiple of `align` bytes (numpy aligns large arrays to 16 only)."""
+    raw = (np.zeros if zero else np.empty)(nbytes + align, dtype=np.uint8)
+    off = (-raw.ctypes.data) % align
+    return raw[off:off + nbytes] if nbytes else raw[off:off + 1]
+
+
 def plan_memory(prog: Program, reuse: bool = True) -> MemoryPlan:
     g = prog.graph
     plan = MemoryPlan()
@@ -60,8 +67,8 @@ def plan_memory(prog: Program, reuse: bool = True) -> MemoryPlan:
             span = lifetimes.setdefault(r, [k, k])
             span[1] = k
     # one buffer, each constant copied into it once (bert_base: 440 MB — a bytes blob grown piece by piece and
-    # copied out again cost 1.6 s)
-    blob = np.zeros(end, dtype=np.uint8)
+    # copied out again cost 1.6 s), aligned so the Executable takes it as it is
+    blob = aligned_buffer(end)
     for off, value in consts:
         blob[off:off + value.nbytes] = np.ascontiguousarray(value).reshape(-1).view(np.uint8)
     plan.weights = blob.data.cast("B") if end else b""

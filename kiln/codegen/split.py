@@ -1,0 +1,138 @@
+"""The host JIT's codegen and LLVM work spread over the machine's cores.
+
+`split_kernels` deals the model's distinct kernels (one function per structure, `module.distinct_kernels`) into
+compile units; `build_objects` forks worker processes (the lowered program is inherited, nothing is pickled) that
+take units from a shared counter one at a time — LLVM IR text (`module.build_unit_text`), -O3, object — while this
+process builds the entry module (`kiln_main` calling the kernels as external symbols) and then takes units too. The
+objects come back through a pipe; MCJIT links them (`jit.LoadedObject`). A unit a worker did not deliver (it
+crashed, or raised) is built here, so its error surfaces as if compiled in one process.
+
+Dealt round-robin in program order, units mix early and late kernels of similar cost; several units per process
+leave at most one small unit of imbalance at the end. A model with few kernels, a debug build (`bounds_check`),
+or a single core keeps one module (cross targets always do: their object is linked with a C driver)."""
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kiln.codegen import jit
+from kiln.codegen.module import build_module_text, build_unit_text, distinct_kernels
+from kiln.kernel.build import Program
+from kiln.runtime.memory import MemoryPlan
+from kiln.target import Target
+
+MIN_KERNELS = 8      # distinct kernels below which one module compiles faster than forking
+UNITS_PER_JOB = 4    # compile units per process: finer balances better, each unit costs a module's fixed overhead
+JOBS_ENV = "KILN_COMPILE_JOBS"
+RELOC = "static"     # objects linked with each other: absolute addresses (jit.target_machine)
+
+
+def compile_jobs() -> int:
+    """Processes the LLVM work may use: $KILN_COMPILE_JOBS, else the CPUs this process may run on."""
+    env = os.environ.get(JOBS_ENV)
+    if env:
+        return max(1, int(env))
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def split_kernels(prog: Program, jobs: int, bounds_check: bool = False) -> list[list[int]]:
+    """Compile units: lists of indices of distinct kernels. One unit (all kernels, the single module) unless the
+    work is worth spreading over `jobs` processes."""
+    distinct, _ = distinct_kernels(prog)
+    if jobs < 1 or bounds_check or not hasattr(os, "fork") or len(distinct) < MIN_KERNELS:
+        jobs = 1
+    n = min(len(distinct), jobs * UNITS_PER_JOB) if jobs > 1 else 1
+    return [distinct[u::n] for u in range(n)]
+
+
+def build_objects(prog: Program, plan: MemoryPlan, units: list[list[int]], target: Target,
+                  jobs: int) -> tuple[list[bytes], list[str], dict[str, float]]:
+    """The entry module's object first, then one object per unit; the function each kernel call calls; and the CPU
+    seconds spent in codegen and LLVM over all processes."""
+    counter = _Counter()
+    workers = [_fork(lambda: _work(prog, units, target, counter.take)) for _ in range(min(jobs, len(units)) - 1)]
+    try:
+        t = time.process_time()
+        text, called = build_module_text(prog, plan, target, split=True)
+        t1 = time.process_time()
+        entry = jit.emit_object(jit.optimize(text, target), target, reloc=RELOC)
+        cpu = {"codegen": t1 - t, "llvm": time.process_time() - t1}
+        done = {u: rest for u, *rest in _work(prog, units, target, counter.take)}
+        while workers:
+            done.update({u: rest for u, *rest in _collect(*workers.pop())})
+    finally:  # an error here: stop the workers (they are only building what this build will not use)
+        for pid, fd in workers:
+            os.close(fd)
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    for u in range(len(units)):  # a unit a worker claimed but did not deliver
+        if u not in done:
+            done.update({v: rest for v, *rest in _work(prog, units, target, iter([u, len(units)]).__next__)})
+    for _, codegen_s, llvm_s in done.values():
+        cpu["codegen"] += codegen_s
+        cpu["llvm"] += llvm_s
+    return [entry] + [done[u][0] for u in range(len(units))], called, cpu
+
+
+class _Counter:
+    """The next unit to build, shared by the processes forked after it was made (an anonymous shared mapping)."""
+
+    def __init__(self) -> None:
+        import multiprocessing
+        self.value = multiprocessing.get_context("fork").Value("l", 0)
+
+    def take(self) -> int:
+        with self.value.get_lock():
+            u = self.value.value
+            self.value.value = u + 1
+            return u
+
+
+def _work(prog: Program, units: list[list[int]], target: Target, take: Callable[[], int]) -> list[tuple]:
+    """Build the units `take` hands out until it hands out len(units): (unit, object, codegen s, llvm s) each."""
+    out = []
+    while (u := take()) < len(units):
+        t = time.process_time()
+        text = build_unit_text(prog, units[u], target)
+        t1 = time.process_time()
+        obj = jit.emit_object(jit.optimize(text, target), target, reloc=RELOC)
+        out.append((u, obj, t1 - t, time.process_time() - t1))
+    return out
+
+
+def _fork(job: Callable[[], Any]) -> tuple[int, int]:
+    """Run `job` in a forked child that pickles its result into a pipe; (pid, read end)."""
+    r, w = os.pipe()
+    pid = jit.fork()
+    if pid == 0:  # the child: never returns
+        os.close(r)
+        code = 0
+        try:
+            data = pickle.dumps(job(), protocol=pickle.HIGHEST_PROTOCOL)
+            with os.fdopen(w, "wb") as f:
+                f.write(data)
+        except BaseException:  # noqa: BLE001 - the parent rebuilds what it did not get, and raises there
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(w)
+    return pid, r
+
+
+def _collect(pid: int, fd: int) -> list[tuple]:
+    """A worker's results; [] if it failed (its units are then built by the caller)."""
+    try:
+        with os.fdopen(fd, "rb") as f:
+            data = f.read()
+    finally:
+        _, status = os.waitpid(pid, 0)
+    if status != 0 or not data:
+        return []
+    try:
+        return pickle.loads(data)
+    except Exception:  # noqa: BLE001 - a truncated pickle: rebuild here
+        return []
