@@ -9,7 +9,8 @@ Per workload (kiln.zoo, random weights built in code; inputs are zoo.inputs with
   systems     kiln-fp32     kiln.compile(model)
               kiln-int8     kiln.compile(kiln.quantize(model, calib, method="minmax"))  (exe.meta["int8"] shown)
               ort-fp32      onnxruntime, 2 threads
-              ort-int8      onnxruntime on its own quantize_static model (QDQ, S8S8, per-channel), same calib set
+              ort-int8      onnxruntime on its own quantize_static model (quant_pre_process, then QDQ, S8S8,
+                            per-channel), same calib set
   timing      `rounds` interleaved rounds of `runs` runs per system (order rotating, 1 s idle after onnxruntime's
               spinning pool), median ms; ratios kiln-int8 / each other system
   quality     on `quality` further inputs: logit SNR (dB) against Kiln fp32 of kiln-int8 and ort-int8, top-1
@@ -22,9 +23,7 @@ The done-when targets of issue 18 (resnet50/mobilenetv2/bert_base): kiln-int8 â‰
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 
@@ -44,21 +43,10 @@ def ort_session(model: onnx.ModelProto, threads: int):  # noqa: ANN201
 
 
 def ort_int8(model: onnx.ModelProto, calib: list[dict[str, np.ndarray]]) -> onnx.ModelProto:
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-
-    class Reader(CalibrationDataReader):
-        def __init__(self) -> None:
-            self.it = iter(calib)
-
-        def get_next(self) -> dict | None:
-            return next(self.it, None)
-
-    with tempfile.TemporaryDirectory() as d:
-        src, dst = os.path.join(d, "f.onnx"), os.path.join(d, "q.onnx")
-        onnx.save(model, src)
-        quantize_static(src, dst, Reader(), quant_format=QuantFormat.QDQ, activation_type=QuantType.QInt8,
-                        weight_type=QuantType.QInt8, per_channel=True)
-        return onnx.load(dst)
+    """onnxruntime's int8 model as `kiln bench --precision int8` makes it: quant_pre_process (BatchNorms folded,
+    as kiln.quantize folds them), then quantize_static QDQ S8S8 per-channel on the same calibration inputs."""
+    from kiln.bench.precision import ort_qdq_model
+    return ort_qdq_model(model, calib)
 
 
 def output_step(q: onnx.ModelProto) -> float | None:
