@@ -418,3 +418,17 @@ def test_isa_report_vdpbf16ps_loop() -> None:
     (n_dp, macs_dp), (n_emu, macs_emu) = gemm_loop(True), gemm_loop(False)
     assert macs_dp >= 14 * 32 and macs_emu >= 14 * 16, (macs_dp, macs_emu)
     assert n_dp / macs_dp < 0.07 and n_dp / macs_dp < 0.5 * n_emu / macs_emu, (n_dp, macs_dp, n_emu, macs_emu)
+
+
+def test_bounds_checked_bf16_build(width: str) -> None:
+    """The debug build (bounds_check=True) emits each pair product plainly (Dot2.expand: every load checked): the
+    same bf16-rounded result as the fast build, within float32 accumulation (K·2⁻²⁴·Σ|x·w|)."""
+    x, w = rand(37, 96, seed=42), rand(96, 80, seed=43)
+    model, feeds = op_model("MatMul", [x, C(w)])
+    fast = run_kiln(model, feeds, target=width, precision="bf16")
+    if fast is None:
+        return
+    checked = run_kiln(model, feeds, target=width, precision="bf16", bounds_check=True)[0]
+    absprod = np.abs(bf16(x)) @ np.abs(bf16(w))
+    assert (np.abs(checked.astype(np.float64) - fast[0]) <= 2 * 96 * F32 * absprod + 1e-30).all()
+    assert (np.abs(checked - bf16(x) @ bf16(w)) <= 96 * F32 * absprod + 1e-30).all()

@@ -18,14 +18,12 @@ from __future__ import annotations
 from llvmlite import ir
 
 from kiln.codegen.bf16 import BF16
-from kiln.codegen.int8 import features, pieces
+from kiln.codegen.int8 import dot_operands, features, pieces
 from kiln.kernel.analysis import coef
 from kiln.kernel.ir import Dot2
 from kiln.target import Target
 
-I1, I16, I32 = ir.IntType(1), ir.IntType(16), ir.IntType(32)
-F32 = ir.FloatType()
-PTR = ir.PointerType()
+I16, F32 = ir.IntType(16), ir.FloatType()
 
 
 def dpbf16_widths(target: Target | None) -> tuple[int, ...]:
@@ -53,23 +51,9 @@ def emit_dot2(em, e: Dot2) -> tuple[ir.Value, bool]:  # noqa: ANN001  (em: codeg
     if coef(a_flat, vec.var) != 0 or coef(b_flat, vec.var) != 2 or (a_dtype, b_dtype) != ("bfloat16",) * 2 \
             or not widths:
         return em.ev(e.expand())
-    B = em.b
-    acc, acc_vec = em.ev(e.acc)
-    if not acc_vec:
-        acc = em.splat(acc)
-    a_ptr, _, _ = em.address(e.a.buf, e.a.index)
-    a32 = B.load(B.gep(a_ptr, [em._uniform(a_flat)[0]], source_etype=I16), typ=I32, align=2)
-    a2 = B.bitcast(em.splat(a32, n), ir.VectorType(BF16, 2 * n))
-    b_at = B.gep(b_ptr, [em._at_base(b_flat)], source_etype=I16)
-    bt = ir.VectorType(I16, 2 * n)
-    if vec.mask is None:
-        b16 = B.load(b_at, typ=bt, align=2)
-    else:
-        per_value = ir.Constant(ir.VectorType(I32, 2 * n), [i // 2 for i in range(2 * n)])
-        spread = B.shuffle_vector(vec.mask, vec.mask, per_value)
-        fn = em._decl(f"llvm.masked.load.v{2 * n}i16.p0", bt, [PTR, I32, ir.VectorType(I1, 2 * n), bt])
-        b16 = B.call(fn, [b_at, ir.Constant(I32, 2), spread, ir.Constant(bt, None)])
-    b2 = B.bitcast(b16, ir.VectorType(BF16, 2 * n))
+    acc, a16, b16 = dot_operands(em, e, a_flat, b_ptr, b_flat, 2, I16)
+    pairs = ir.VectorType(BF16, 2 * n)
+    a2, b2 = em.b.bitcast(a16, pairs), em.b.bitcast(b16, pairs)
     return pieces(em, acc, a2, b2, n, widths[0], _dpbf16, group=2), True
 
 

@@ -71,23 +71,8 @@ def emit_dot4(em, e: Dot4) -> tuple[ir.Value, bool]:  # noqa: ANN001  (em: codeg
     if coef(a_flat, vec.var) != 0 or coef(b_flat, vec.var) != 4 or b_dtype != "int8" or e.a.dtype not in (
             "uint8", "int8") or em.bounds is not None:
         return em.ev(e.expand())
-    B, n = em.b, vec.lanes
-    acc, acc_vec = em.ev(e.acc)
-    if not acc_vec:
-        acc = em.splat(acc)
-    a_ptr, _, _ = em.address(e.a.buf, e.a.index)
-    a_at = B.gep(a_ptr, [em._uniform(a_flat)[0]], source_etype=I8)
-    a32 = B.load(a_at, typ=I32, align=1)
-    a8 = B.bitcast(em.splat(a32, n), ir.VectorType(I8, 4 * n))
-    b_at = B.gep(b_ptr, [em._at_base(b_flat)], source_etype=I8)
-    bt = ir.VectorType(I8, 4 * n)
-    if vec.mask is None:
-        b8 = B.load(b_at, typ=bt, align=1)
-    else:
-        per_byte = ir.Constant(ir.VectorType(I32, 4 * n), [i // 4 for i in range(4 * n)])
-        spread = B.shuffle_vector(vec.mask, vec.mask, per_byte)
-        fn = em._decl(f"llvm.masked.load.v{4 * n}i8.p0", bt, [PTR, I32, ir.VectorType(I1, 4 * n), bt])
-        b8 = B.call(fn, [b_at, ir.Constant(I32, 1), spread, ir.Constant(bt, None)])
+    n = vec.lanes
+    acc, a8, b8 = dot_operands(em, e, a_flat, b_ptr, b_flat, 4, I8)
     target = getattr(em, "target", None)
     widths = [w for w in vnni_widths(target) if w <= n and n % w == 0] if e.a.dtype == "uint8" else []
     if widths:
@@ -98,6 +83,29 @@ def emit_dot4(em, e: Dot4) -> tuple[ir.Value, bool]:  # noqa: ANN001  (em: codeg
     if target is not None and target.arch == "aarch64" and "dotprod" in features(target) and e.a.dtype == "int8":
         return pieces(em, acc, a8, b8, n, 4, _sdot), True
     return _widen(em, acc, a8, b8, n, e.a.dtype), True
+
+
+def dot_operands(em, e, a_flat, b_ptr: ir.Value, b_flat, group: int, elem: ir.IntType  # noqa: ANN001
+                 ) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """The operands of a `Dot4` / `Dot2` in a vector loop of n lanes, as memory holds them: the accumulator (a
+    vector), A's group of `group` values loaded as one 32-bit word and broadcast (<group·n x elem>), and B's group
+    per lane (<group·n x elem>, a masked load spread over each lane's group on an edge iteration)."""
+    B, vec = em.b, em.vec
+    n, size = vec.lanes, elem.width // 8
+    acc, acc_vec = em.ev(e.acc)
+    if not acc_vec:
+        acc = em.splat(acc)
+    a_ptr, _, _ = em.address(e.a.buf, e.a.index)
+    word = B.load(B.gep(a_ptr, [em._uniform(a_flat)[0]], source_etype=elem), typ=I32, align=size)
+    vt = ir.VectorType(elem, group * n)
+    a = B.bitcast(em.splat(word, n), vt)
+    b_at = B.gep(b_ptr, [em._at_base(b_flat)], source_etype=elem)
+    if vec.mask is None:
+        return acc, a, B.load(b_at, typ=vt, align=size)
+    per_value = ir.Constant(ir.VectorType(I32, group * n), [i // group for i in range(group * n)])
+    spread = B.shuffle_vector(vec.mask, vec.mask, per_value)
+    fn = em._decl(f"llvm.masked.load.v{group * n}i{elem.width}.p0", vt, [PTR, I32, ir.VectorType(I1, group * n), vt])
+    return acc, a, B.call(fn, [b_at, ir.Constant(I32, size), spread, ir.Constant(vt, None)])
 
 
 def _slice(em, v: ir.Value, start: int, count: int) -> ir.Value:  # noqa: ANN001

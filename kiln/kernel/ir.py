@@ -222,6 +222,15 @@ class Addr(Expr):
         return f"&{self.buf}[{', '.join(map(repr, self.index))}]"
 
 
+def _grouped_sum(acc: Expr, a: Load, b: Load, group: int, product: Any) -> Expr:
+    """acc + Σ_{q<group} product(a[.., i + q], b[.., j + q]): a dot-product node's value in plain arithmetic."""
+    out = acc
+    for q in range(group):
+        x, y = (Load(v.buf, v.index[:-1] + (v.index[-1] + q,), v.dtype) for v in (a, b))
+        out = out + product(x, y)
+    return out
+
+
 @dataclass(frozen=True, repr=False)
 class Dot4(Expr):
     """acc + Σ_{q<4} a[q]·b[q] in int32 lanes — the 8-bit dot product of x86 `vpdpbusd`, Arm SDOT/USDOT and RVV's
@@ -235,11 +244,7 @@ class Dot4(Expr):
 
     def expand(self) -> Expr:
         """The same value in plain integer arithmetic (scalar code, and targets without a dot product)."""
-        out = self.acc
-        for q in range(4):
-            a, b = (Load(x.buf, x.index[:-1] + (x.index[-1] + q,), x.dtype) for x in (self.a, self.b))
-            out = out + Cast("int32", a) * Cast("int32", b)
-        return out
+        return _grouped_sum(self.acc, self.a, self.b, 4, lambda a, b: Cast("int32", a) * Cast("int32", b))
 
     def __repr__(self) -> str:
         return f"dot4({self.acc!r}, {self.a!r}, {self.b!r})"
@@ -258,11 +263,7 @@ class Dot2(Expr):
 
     def expand(self) -> Expr:
         """The same value in float32 arithmetic (bf16 products are exact in float32): the emulation."""
-        out = self.acc
-        for q in range(2):
-            a, b = (Load(x.buf, x.index[:-1] + (x.index[-1] + q,), x.dtype) for x in (self.a, self.b))
-            out = out + a * b
-        return out
+        return _grouped_sum(self.acc, self.a, self.b, 2, lambda a, b: a * b)
 
     def __repr__(self) -> str:
         return f"dot2({self.acc!r}, {self.a!r}, {self.b!r})"
