@@ -138,7 +138,8 @@ def test_dot_tile_space(kind: str, width: str, tmp_path) -> None:
     """The dot-product tiles of the int8 and bf16 anchors (schedule/int8.py dot_tile: knobs flat_rows, mr,
     tile_order) are a space like the float tile's: its default point is the heuristic's nest, the anchor's kernel
     is tunable (random 8-bit / bf16 inputs), and random points applied by kiln.compile as tuning records compute
-    what the default build computes — exactly: rows, flattening and tile order do not reorder any sum."""
+    what the default build computes — exactly on the dot tiles (rows, flattening and tile order do not reorder any
+    sum); where bf16 is emulated on the float tile (no vdpbf16ps), within float32 reassociation (K = 288 terms)."""
     model, feeds, precision = low_precision_conv(kind)
     t = resolve(width)
     ws = workloads_of(kernels_of(model, t, 2, {}, precision=precision))
@@ -173,7 +174,11 @@ def test_dot_tile_space(kind: str, width: str, tmp_path) -> None:
                            precision=precision)
         if cand.config != space.default:
             assert [v["sig"] for v in exe.meta["tuned"].values()] == [sig]
-        np.testing.assert_array_equal(exe.run(feeds)[0], want)
+        got = exe.run(feeds)[0]
+        if dot_path:  # rows, flattening and tile order do not reorder any sum
+            np.testing.assert_array_equal(got, want)
+        else:  # bf16 emulated on the float tile, whose K blocks may reorder the float32 sums
+            np.testing.assert_allclose(got, want, rtol=0, atol=32 * 288 * 2.0 ** -24 * float(np.abs(want).max()))
 
 
 @pytest.mark.parametrize("name", ["gemm", "conv3x3"])

@@ -69,8 +69,8 @@ BF16 = BFloatType()
 
 def native_rounding(target: object) -> bool:
     """Does `target` (a kiln.target.Target, or None) round float32 → bf16 in one instruction (vcvtneps2bf16)?"""
-    feats = getattr(target, "features", "")
-    return getattr(target, "arch", "") == "x86_64" and "+avx512bf16" in feats.split(",")
+    feats = getattr(target, "features", "").split(",")  # the 128/256-bit forms (and a scalar) need VL
+    return getattr(target, "arch", "") == "x86_64" and "+avx512bf16" in feats and "+avx512vl" in feats
 
 
 def f32_to_bf16(b: ir.IRBuilder, x: ir.Value, native: bool = False) -> ir.Value:
