@@ -148,6 +148,23 @@ def host_with(vector_bits: int) -> Target:
                    has_fma=vector_bits > 128)
 
 
+@functools.cache
+def features_on(features: str) -> frozenset[str]:
+    """The LLVM features a feature string turns on ("+avx512bf16,-amx-tile" → {"avx512bf16"}), parsed once per
+    string: codegen asks for every bf16 store and dot product it emits."""
+    return frozenset(f.strip()[1:] for f in features.split(",") if f.strip().startswith("+"))
+
+
+# the AMX units Kiln's tile kernels use (kiln/ukernels/amx.py): the tile registers and both dot products
+AMX_FEATURES = frozenset({"amx-tile", "amx-bf16", "amx-int8"})
+
+
+def with_features(t: Target, *names: str) -> Target:
+    """`t` with these features turned on (an emit-only CPU variant: an AVX512_BF16 CPU built for on any x86 host)."""
+    kept = [f for f in t.features.split(",") if f and f[1:] not in names]
+    return replace(t, name=f"{t.name}+{'+'.join(names)}", features=",".join(kept + [f"+{n}" for n in names]))
+
+
 def missing_features(t: Target) -> list[str]:
     """The features `t`'s code uses that this machine lacks ([] when its code runs here)."""
     h = host()

@@ -13,7 +13,7 @@ from llvmlite import ir
 
 from kiln.codegen.bf16 import f32_to_bf16, native_rounding
 from kiln.codegen.jit import LoadedObject, emit_assembly, emit_object, optimize
-from kiln.target import resolve, runs_here
+from kiln.target import resolve, runs_here, with_features
 
 LANES = 16
 
@@ -62,9 +62,7 @@ def test_rounding_matches_ml_dtypes(native: bool) -> None:
         pytest.skip("x86 forms")
     if native and not native_rounding(target):
         # this CPU cannot run it: emit it for an AVX512_BF16 target and check the instruction is there
-        from dataclasses import replace
-        avx512 = resolve("avx512")
-        t = replace(avx512, features=avx512.features + ",+avx512bf16,+avx512vl")
+        t = with_features(resolve("avx512"), "avx512bf16", "avx512vl")
         assert native_rounding(t)
         asm = emit_assembly(optimize(module(True), t), t)
         assert "vcvtneps2bf16" in asm

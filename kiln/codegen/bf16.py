@@ -17,6 +17,8 @@ import struct
 
 from llvmlite import ir
 
+from kiln.target import Target, features_on
+
 I16, I32 = ir.IntType(16), ir.IntType(32)
 F32 = ir.FloatType()
 
@@ -67,10 +69,11 @@ class BFloatType(ir.Type):
 BF16 = BFloatType()
 
 
-def native_rounding(target: object) -> bool:
-    """Does `target` (a kiln.target.Target, or None) round float32 → bf16 in one instruction (vcvtneps2bf16)?"""
-    feats = getattr(target, "features", "").split(",")  # the 128/256-bit forms (and a scalar) need VL
-    return getattr(target, "arch", "") == "x86_64" and "+avx512bf16" in feats and "+avx512vl" in feats
+def native_rounding(target: Target | None) -> bool:
+    """Does `target` round float32 → bf16 in one instruction (vcvtneps2bf16)? Its 128/256-bit forms (and a scalar)
+    need AVX512VL too."""
+    return target is not None and target.arch == "x86_64" and {"avx512bf16", "avx512vl"} <= features_on(
+        target.features)
 
 
 def f32_to_bf16(b: ir.IRBuilder, x: ir.Value, native: bool = False) -> ir.Value:

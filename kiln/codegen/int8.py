@@ -20,16 +20,14 @@ from llvmlite import ir
 
 from kiln.kernel.analysis import coef
 from kiln.kernel.ir import Dot4
-from kiln.target import Target
+from kiln.target import Target, features_on
 
 I1, I8, I16, I32 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32)
 PTR = ir.PointerType()
 
 
-def features(target: Target | None) -> set[str]:
-    if target is None:
-        return set()
-    return {f[1:] for f in target.features.split(",") if f.startswith("+")}
+def features(target: Target | None) -> frozenset[str]:
+    return frozenset() if target is None else features_on(target.features)
 
 
 def vnni_widths(target: Target | None) -> tuple[int, ...]:

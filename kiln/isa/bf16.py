@@ -60,18 +60,14 @@ def amx_loop() -> tuple[int, int, int]:
 def gemm_loop(dpbf16: bool, size: int = 256) -> tuple[int, int]:
     """(instructions, MACs) of one iteration of the hot K loop of Kiln's bf16 GEMM tile, built for an AVX-512 CPU
     with AVX512_BF16 (vdpbf16ps, or the emulation with `dpbf16` off). MACs: 32 per vdpbf16ps, 16 per vfmadd."""
-    from dataclasses import replace
-
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
     from kiln.codegen.jit import emit_assembly, optimize
     from kiln.compiler import lower
-    from kiln.target import resolve
+    from kiln.target import resolve, with_features
 
-    base = resolve("avx512")
-    feats = [f for f in base.features.split(",") if f[1:] not in ("avx512bf16", "avx512vl") and "amx" not in f]
-    t = replace(base, name="avx512-bf16", features=",".join(feats + ["+avx512bf16", "+avx512vl"]))
+    t = with_features(resolve("avx512"), "avx512bf16", "avx512vl")
     w = numpy_helper.from_array(np.ones((size, size), np.float32), "w")
     g = helper.make_graph([helper.make_node("MatMul", ["a", "w"], ["y"])], "gemm",
                           [helper.make_tensor_value_info("a", TensorProto.FLOAT, [size, size])],

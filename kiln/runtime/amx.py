@@ -14,6 +14,8 @@ import ctypes
 import functools
 import os
 
+from kiln.target import AMX_FEATURES, features_on
+
 SYS_ARCH_PRCTL = 158            # x86-64
 ARCH_GET_XCOMP_PERM = 0x1022
 ARCH_REQ_XCOMP_PERM = 0x1023
@@ -26,8 +28,7 @@ class AMXError(RuntimeError):
 
 def cpu_has_amx(features: str) -> bool:
     """Does an LLVM feature string include the AMX tile unit with bf16 and int8 dot products?"""
-    on = {f[1:] for f in features.split(",") if f.startswith("+")}
-    return {"amx-tile", "amx-bf16", "amx-int8"} <= on
+    return AMX_FEATURES <= features_on(features)
 
 
 @functools.cache

@@ -40,7 +40,7 @@ import numpy as np
 
 from kiln.graph.ir import Graph, Node, TensorType, Value
 from kiln.graph.ops import infer
-from kiln.target import Target
+from kiln.target import AMX_FEATURES, Target, features_on
 
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16")
 # a flattened K (a GEMM's, an NCHW-input conv's Ci·kh·kw) is padded with zero rows to a multiple of one AMX step
@@ -116,8 +116,8 @@ def pairs_only(target: Target | None) -> bool:
     product (AVX2, SSE, the cross ISAs) emulate every anchor: bf16 there means bf16 storage, as asked."""
     if target is None or target.arch != "x86_64" or target.vector_bits < 256:
         return False
-    on = {f[1:] for f in target.features.split(",") if f.startswith("+")}
-    return "avx512bf16" in on and not {"amx-tile", "amx-bf16"} <= on
+    on = features_on(target.features)
+    return "avx512bf16" in on and not AMX_FEATURES <= on   # the AMX test of schedule/amx.py (runtime/amx.py)
 
 
 def _pair_tile_takes(n: Node) -> bool:
