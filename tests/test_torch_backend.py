@@ -73,26 +73,86 @@ def test_a_dtype_kiln_does_not_compute_falls_back_saying_so(caplog: pytest.LogCa
     assert kiln.torch.stats()["compiles"] == 1
 
 
-def test_dynamic_shapes_recompile_per_shape_through_the_cache(caplog: pytest.LogCaptureFixture,
-                                                              tmp_path: pytest.TempPathFactory,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dynamic_shapes_compile_once_with_symbolic_dims(caplog: pytest.LogCaptureFixture,
+                                                         tmp_path: pytest.TempPathFactory,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """dynamic=True: torch's shape symbols become Kiln's symbolic dims — one compile serves every size within the
+    bounds (`dynamic_max` caps them); a size beyond them is specialized through the compile cache, saying so."""
     monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4), nn.Softmax(-1)).eval()
-    compiled = torch.compile(m, backend="kiln", dynamic=True, options={"threads": 2})
+    compiled = torch.compile(m, backend="kiln", dynamic=True, options={"threads": 2, "dynamic_max": 64})
     with torch.no_grad(), caplog.at_level(logging.WARNING, logger="kiln.torch"):
-        for rows in (3, 5, 9, 3, 5):
+        for rows in (3, 5, 64, 9, 3, 5):
             x = torch.randn(rows, 8)
             assert_matches(compiled(x), m(x), what=f"{rows} rows")
+        st = kiln.torch.stats()
+        assert st["symbolic"] == 1 and st["specializations"] == 1 and st["compiles"] == 1, st
+        assert "specialized" not in caplog.text, caplog.text
+        x = torch.randn(65, 8)  # beyond dynamic_max: one static compile, named
+        assert_matches(compiled(x), m(x), what="65 rows")
     st = kiln.torch.stats()
-    assert st["specializations"] == 3 and st["compiles"] == 3, st  # one per new shape, none for a repeat
-    assert caplog.text.count("specialized for new input shapes") == 2, caplog.text
-    torch._dynamo.reset()  # a fresh graph for a shape seen before: served by Kiln's compile cache
-    compiled = torch.compile(m, backend="kiln", dynamic=True, options={"threads": 2})
+    assert st["specializations"] == 2 and st["compiles"] == 2, st
+    assert "beyond the symbolic bounds {'sym0': (2, 64)}" in caplog.text, caplog.text
+    torch._dynamo.reset()  # a fresh graph: the same symbolic program, served by Kiln's compile cache
+    compiled = torch.compile(m, backend="kiln", dynamic=True, options={"threads": 2, "dynamic_max": 64})
     with torch.no_grad():
-        x = torch.randn(5, 8)
+        x = torch.randn(7, 8)
         assert_matches(compiled(x), m(x))
     assert kiln.torch.stats()["cache_hits"] == 1
+
+
+@pytest.mark.parametrize("name", ["transformer_sdpa_causal", "normalizations"])
+def test_dynamic_sequence_and_batch_in_one_compile(name: str) -> None:
+    """A transformer block with a causal mask built from the sequence length (arange/full over a symbolic size) and
+    normalizations whose eps dynamo passes as tensors (inlined by value): every size of the marked dims from one
+    Kiln compile per partition, each matching eager PyTorch."""
+    from torch_cases import case
+
+    m, (x,) = case(name)
+    compiled = torch.compile(m, backend="kiln", options={"threads": 2})
+    dims = (0, 1) if name.startswith("transformer") else (0,)
+    sizes = [(2, 10), (3, 7), (2, 16), (4, 3)] if len(dims) == 2 else [(2,), (3,), (5,)]
+    with torch.no_grad():
+        for size in sizes:
+            xs = torch.randn(*size, *x.shape[len(size):])
+            for d in dims:
+                torch._dynamo.mark_dynamic(xs, d)
+            assert_matches(compiled(xs), m(xs), what=f"{name} {size}")
+    st = kiln.torch.stats()
+    assert st["symbolic"] == 1 and st["specializations"] == 1 and "fallback_ops" not in st, st
+
+
+def test_a_graph_kiln_cannot_take_symbolically_is_specialized_per_shape(caplog: pytest.LogCaptureFixture) -> None:
+    """dynamic=True makes a conv's height and width symbolic, which Kiln refuses (a window over a symbolic dim):
+    the log line names the op and the dim, and each shape compiles on its own, correctly."""
+    from torch_cases import case
+
+    m, (x,) = case("convnet_bn")
+    compiled = torch.compile(m, backend="kiln", dynamic=True, options={"threads": 2})
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="kiln.torch"):
+        for b in (2, 3):
+            xs = torch.randn(b, *x.shape[1:])
+            assert_matches(compiled(xs), m(xs), what=f"batch {b}")
+    assert "not compiled with symbolic dims" in caplog.text and "PackedConv" in caplog.text, caplog.text
+    st = kiln.torch.stats()
+    assert "symbolic" not in st and st["specializations"] == 2, st
+
+
+def test_a_changed_scalar_argument_specializes_again() -> None:
+    """A Python float argument dynamo passes as a 0-d tensor is inlined by value, and a new value re-specializes
+    (never a stale constant)."""
+    class Scaled(nn.Module):
+        def forward(self, x: torch.Tensor, alpha: float) -> torch.Tensor:
+            return torch.tanh(x) * alpha + alpha
+
+    m = Scaled()
+    compiled = torch.compile(m, backend="kiln", dynamic=True, options={"threads": 2})
+    x = torch.randn(4, 8)
+    for alpha in (0.5, 0.5, 2.0):
+        assert_matches(compiled(x, alpha), m(x, alpha), what=f"alpha {alpha}")
+    st = kiln.torch.stats()
+    assert st["refreezes"] == 1 and st["specializations"] == 2, st
 
 
 def test_options_reach_kiln_compile(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -31,9 +31,9 @@ def as_input(x: Any, spec: IOSpec, i: int) -> torch.Tensor:
     want = torch_dtype(spec.dtype)
     if x.dtype != want:
         raise ValueError(f"kiln: input {i} ('{spec.name}') is {x.dtype}, the model was compiled for {want}")
-    if tuple(x.shape) != spec.shape:
+    if x.dim() != len(spec.shape) or any(isinstance(d, int) and d != n for d, n in zip(spec.shape, x.shape)):
         raise ValueError(f"kiln: input {i} ('{spec.name}') has shape {list(x.shape)}, the model was compiled for "
-                         f"{list(spec.shape)}")
+                         f"{list(spec.shape)}")  # (symbolic dims, named: Executable.run checks their sizes)
     if x.requires_grad:
         x = x.detach()
     if x.is_conj() or x.is_neg():
@@ -55,10 +55,14 @@ class KilnCall(torch.nn.Module):
         self._specs = list(exe.inputs)
 
     def forward(self, *xs: Any) -> Any:
+        xs = tuple(x for x in xs if not isinstance(x, (int, torch.SymInt)))  # sizes: bound from the tensors' shapes
         if len(xs) != len(self._specs):
             raise TypeError(f"kiln: {len(xs)} inputs for a model of {len(self._specs)} "
                             f"({', '.join(s.name for s in self._specs)})")
         ins = [as_input(x, s, i) for i, (x, s) in enumerate(zip(xs, self._specs))]
+        if self.exe.dynamic:  # outputs sized by the run (symbols bound and checked there); NumPy's memory, shared
+            res = [torch.from_numpy(o) for o in self.exe.run({s.name: t.numpy() for s, t in zip(self._specs, ins)})]
+            return tuple(res) if self.tuple_out else res[0]
         outs = [torch.empty(shape, dtype=dtype) for shape, dtype in self._out]
         self.exe.run_pointers([t.data_ptr() for t in ins], [t.data_ptr() for t in outs])
         return tuple(outs) if self.tuple_out else outs[0]

@@ -15,7 +15,7 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from kiln.frontend.torch import unsupported_reason
-from kiln.frontend.torch.importer import op_key, source_line
+from kiln.frontend.torch.importer import TorchSymbols, is_size_node, op_key, source_line
 
 # ops that only reinterpret or route data: a partition of nothing but these is not worth a Kiln call
 _FREE = {"view.default", "_unsafe_view.default", "permute.default", "unsqueeze.default", "squeeze.dims",
@@ -53,15 +53,16 @@ class Partitioned:
 
 
 class _KilnSupport(OperatorSupportBase):
-    def __init__(self, gm: torch.fx.GraphModule) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, symbols: TorchSymbols | None) -> None:
         super().__init__()
-        self.gm = gm
+        self.gm, self.symbols = gm, symbols
         self.reasons: dict[torch.fx.Node, str] = {}
 
     def is_node_supported(self, submodules: Any, node: torch.fx.Node) -> bool:
-        if node.op != "call_function":
+        # sizes computed from shape symbols stay Python ints on the host (a partition reads them as its inputs)
+        if node.op != "call_function" or is_size_node(node):
             return False
-        why = unsupported_reason(node, self.gm)
+        why = unsupported_reason(node, self.gm, self.symbols)
         if why is not None:
             self.reasons[node] = why
         return why is None
@@ -72,10 +73,11 @@ def _short_reason(why: str) -> str:
     return why.split("): ", 1)[1] if "): " in why else why
 
 
-def partition(gm: torch.fx.GraphModule) -> Partitioned:
-    """Fuse the Kiln-supported nodes of `gm` into submodules fused_0, fused_1, ... (call_module nodes)."""
-    ops = sum(1 for n in gm.graph.nodes if n.op == "call_function")
-    support = _KilnSupport(gm)
+def partition(gm: torch.fx.GraphModule, symbols: TorchSymbols | None = None) -> Partitioned:
+    """Fuse the Kiln-supported nodes of `gm` into submodules fused_0, fused_1, ... (call_module nodes). `symbols`:
+    torch's shape symbols, for a graph traced with dynamic shapes."""
+    ops = sum(1 for n in gm.graph.nodes if n.op == "call_function" and not is_size_node(n))
+    support = _KilnSupport(gm, symbols)
     partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
     proposed = partitioner.propose_partitions()
     worth = [p for p in proposed if any(op_key(n.target) not in _FREE for n in p.nodes if n.op == "call_function")]

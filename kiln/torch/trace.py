@@ -40,14 +40,20 @@ def freeze(gm: torch.fx.GraphModule, placeholders: list[torch.fx.Node], values: 
     gm.recompile()
 
 
-def aot_core_aten(gm: torch.fx.GraphModule, args: list[Any], frozen: set[int]) -> Traced:
-    """A dynamo graph traced by AOTAutograd for these concrete arguments (no autograd: an inference graph),
-    the arguments in `frozen` (parameters, buffers) turned into constants unless the graph writes to them."""
+def aot_core_aten(gm: torch.fx.GraphModule, args: list[Any], frozen: set[int], symbolic: bool = False) -> Traced:
+    """A dynamo graph traced by AOTAutograd (no autograd: an inference graph), the arguments in `frozen`
+    (parameters, buffers) turned into constants unless the graph writes to them. For these concrete arguments; or,
+    `symbolic`, for dynamo's fake ones (its `example_value`s: sizes it made dynamic are torch shape symbols)."""
     from torch._functorch.aot_autograd import aot_export_module
 
-    # outside dynamo's tracing context: its fake mode (symbolic shapes) must not be picked up for these real inputs
-    with torch.no_grad(), torch._guards.tracing(None):
-        agm, sig = aot_export_module(gm, args, trace_joint=False, decompositions=decompositions())
+    if symbolic:
+        fakes = [n.meta["example_value"] for n in gm.graph.nodes if n.op == "placeholder"]
+        with torch.no_grad():  # inside dynamo's tracing context: its fake mode and shape environment
+            agm, sig = aot_export_module(gm, fakes, trace_joint=False, decompositions=decompositions())
+    else:
+        # outside dynamo's tracing context: its fake mode (symbolic shapes) must not be picked up for real inputs
+        with torch.no_grad(), torch._guards.tracing(None):
+            agm, sig = aot_export_module(gm, args, trace_joint=False, decompositions=decompositions())
     placeholders = [n for n in agm.graph.nodes if n.op == "placeholder"]
     index = {n.name: i for i, n in enumerate(placeholders)}
     mutated = [index[name] for name in sig.user_inputs_to_mutate.values()]

@@ -19,6 +19,7 @@ import numpy as np
 
 from kiln.errors import KilnError, ModelError, UnsupportedOperator
 from kiln.frontend.onnx import Ctx
+from kiln.graph import symbolic
 from kiln.graph.ir import Graph, TensorType, Value
 
 # the element types Kiln computes in (float32), and those of indices, shapes and masks
@@ -64,25 +65,118 @@ def to_numpy(t: Any) -> np.ndarray:
     return np.array(t.detach().cpu().resolve_conj().resolve_neg().numpy(), order="C", copy=True)
 
 
+@dataclass(frozen=True)
+class TorchSymbols:
+    """torch's shape symbols (a graph traced with dynamic shapes: `torch.compile(..., dynamic=True)`) as Kiln's
+    symbolic dims: each torch symbol ("s33", numbered by torch's ShapeEnv) gets a Kiln name by its first appearance
+    in the graph's inputs ("sym0", "sym1", ...: the same graph names its symbols the same in every process, so the
+    compile cache finds it), and inclusive bounds — torch's value range, capped at `max_bound` (tensors are laid
+    out at their upper bounds: kernel/dynamic.py)."""
+    names: dict[str, str] = field(default_factory=dict)               # torch symbol → Kiln symbol
+    bounds: dict[str, tuple[int, int]] = field(default_factory=dict)  # Kiln symbol → (lo, hi)
+
+    @staticmethod
+    def of(gm: Any, max_bound: int = symbolic.DEFAULT_BOUND) -> TorchSymbols:
+        import torch
+
+        names: dict[str, str] = {}
+        bounds: dict[str, tuple[int, int]] = {}
+        for node in gm.graph.nodes:
+            if node.op != "placeholder":
+                continue
+            val = node.meta.get("val", node.meta.get("example_value"))  # (AOTAutograd's record, dynamo's)
+            dims = list(val.shape) if isinstance(val, torch.Tensor) else [val] if isinstance(val, torch.SymInt) else []
+            for d in dims:
+                if not isinstance(d, torch.SymInt):
+                    continue
+                for s in sorted(d.node.expr.free_symbols, key=str):
+                    if str(s) in names:
+                        continue
+                    kiln = names[str(s)] = f"sym{len(names)}"
+                    rng = d.node.shape_env.var_to_range.get(s)
+                    lo = max(1, int(rng.lower)) if rng is not None and rng.lower.is_Integer else 1
+                    hi = int(rng.upper) if rng is not None and rng.upper.is_Integer else max_bound
+                    bounds[kiln] = (lo, max(lo, min(hi, max_bound)))
+        return TorchSymbols(names, bounds)
+
+    def dim(self, d: Any) -> symbolic.Dim:
+        """A dim torch recorded (an int or a SymInt) as a Kiln dim (an int or a sympy expression over Kiln's
+        symbols)."""
+        import torch
+
+        if isinstance(d, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            if d.node.expr.is_number:
+                return symbolic.normalize(d.node.expr)
+            return symbolic.normalize(self._expr(d.node.expr))
+        return symbolic.normalize(d)
+
+    def shape(self, shape: Any) -> tuple[symbolic.Dim, ...]:
+        return tuple(self.dim(d) for d in shape)
+
+    def _expr(self, e: Any) -> Any:
+        import sympy
+
+        from torch.utils._sympy import functions as F
+
+        if e.is_Symbol:
+            if str(e) not in self.names:
+                raise ModelError(f"torch shape symbol {e} is not a dim of the graph's inputs: Kiln binds its symbols "
+                                 "from the input shapes")
+            return symbolic.symbol(self.names[str(e)])
+        if e.is_Integer:
+            return int(e)
+        args = [self._expr(a) for a in e.args]
+        if isinstance(e, sympy.Add):
+            return sympy.Add(*args)
+        if isinstance(e, sympy.Mul):
+            return sympy.Mul(*args)
+        if isinstance(e, (sympy.Max, F.Max)):
+            return sympy.Max(*args)
+        if isinstance(e, (sympy.Min, F.Min)):
+            return sympy.Min(*args)
+        if isinstance(e, sympy.Pow) and e.args[1].is_Integer and int(e.args[1]) > 0:
+            return args[0] ** int(e.args[1])
+        if isinstance(e, F.PowByNatural):
+            return args[0] ** args[1]
+        if isinstance(e, (F.FloorDiv, F.CleanDiv)):
+            return sympy.floor(sympy.sympify(args[0]) / args[1])
+        if isinstance(e, F.CeilDiv):
+            return sympy.ceiling(sympy.sympify(args[0]) / args[1])
+        if isinstance(e, (F.Mod, F.PythonMod, sympy.Mod)):
+            return sympy.Mod(*args)
+        raise ModelError(f"torch shape expression {e}: {type(e).__name__} is not integer arithmetic Kiln's symbolic "
+                         "dims represent")
+
+
 @dataclass
 class AtenProgram:
     """A functional Core ATen FX graph with its parameters frozen as get_attr constants: what the torch frontend
     imports. Its placeholders are the executable's inputs (non-tensor placeholders are specialized away, their
-    value fixed at trace time); its output tuple the outputs, named output_0, output_1, ..."""
+    value fixed at trace time — or, traced with dynamic shapes, a symbol's value); its output tuple the outputs,
+    named output_0, output_1, ... `symbols`: the Kiln names and bounds of torch's shape symbols (None: from the
+    graph, at the default bound)."""
     gm: Any                       # torch.fx.GraphModule
     name: str = "torch"
+    symbols: TorchSymbols | None = None
     _digest: str = field(default="", repr=False)
 
+    def torch_symbols(self) -> TorchSymbols:
+        if self.symbols is None:
+            self.symbols = TorchSymbols.of(self.gm)
+        return self.symbols
+
     def fingerprint(self) -> bytes:
-        """Bytes that identify the program for Kiln's compile cache: the graph's code, input types and every
-        constant's bytes."""
+        """Bytes that identify the program for Kiln's compile cache: the graph's code, input types (torch's shape
+        symbols by their Kiln names), the symbols' bounds and every constant's bytes."""
         if not self._digest:
+            syms = self.torch_symbols()
             h = hashlib.sha256(self.gm.code.encode())
+            h.update(repr(sorted(syms.bounds.items())).encode())
             for node in self.gm.graph.nodes:
                 val = node.meta.get("val")
                 if node.op == "placeholder":
-                    h.update(f"{node.name}:{getattr(val, 'dtype', type(val).__name__)}"
-                             f"{tuple(getattr(val, 'shape', ()))}".encode())
+                    shape = syms.shape(getattr(val, "shape", ()))
+                    h.update(f"{node.name}:{getattr(val, 'dtype', type(val).__name__)}{shape}".encode())
                 elif node.op == "get_attr":
                     t = _attr(self.gm, node.target)
                     h.update(f"{node.target}:{t.dtype}{tuple(t.shape)}".encode())
@@ -102,6 +196,7 @@ def _attr(gm: Any, target: str) -> Any:
 class AtenCtx(Ctx):
     """The ONNX frontend's import context (add with folding, constants), naming an FX node instead."""
     fx: Any = None  # the torch.fx.Node being imported
+    symbols: TorchSymbols = field(default_factory=TorchSymbols)
 
     @property
     def name(self) -> str:
@@ -123,8 +218,8 @@ class AtenCtx(Ctx):
     def out_dtype(self, i: int = 0) -> str:
         return torch_dtype_name(self.out(i).dtype)
 
-    def out_shape(self, i: int = 0) -> tuple[int, ...]:
-        return tuple(int(d) for d in self.out(i).shape)
+    def out_shape(self, i: int = 0) -> tuple[symbolic.Dim, ...]:
+        return self.symbols.shape(self.out(i).shape)
 
     # -- helpers every op family uses -------------------------------------------------------------------------
     def scalar(self, value: float | int | bool, dtype: str) -> Value:
@@ -141,8 +236,9 @@ class AtenCtx(Ctx):
         """A tensor argument or a Python scalar, as a Value of `dtype`."""
         return self.cast(v, dtype) if isinstance(v, Value) else self.scalar(v, dtype)
 
-    def reshape(self, v: Value, shape: Sequence[int]) -> Value:
-        return v if tuple(v.shape) == tuple(shape) else self.add("Reshape", [v], shape=tuple(int(d) for d in shape))
+    def reshape(self, v: Value, shape: Sequence[symbolic.Dim]) -> Value:
+        shape = symbolic.normalize_shape(shape)
+        return v if tuple(v.shape) == shape else self.add("Reshape", [v], shape=shape)
 
 
 def _bind(node: Any, env: dict[Any, Any]) -> Args:
@@ -181,13 +277,13 @@ def _fold(cx: AtenCtx, node: Any, args: Args) -> Any:
     """Evaluate a node whose tensor arguments are all constants with torch itself; None when it is not one."""
     import torch
 
-    if not all(v.const is not None for v in _values(list(args.values()))):
+    if not all(v.const is not None for v in _values(list(args.values()))) or _symbolic_args(args):
         return None
     if torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
         return None
     vals = node.meta.get("val")
     outs = vals if isinstance(vals, (tuple, list)) else [vals]
-    if any(not isinstance(t, torch.Tensor) for t in outs) or \
+    if any(not isinstance(t, torch.Tensor) or not all(isinstance(d, int) for d in t.shape) for t in outs) or \
             sum(t.numel() * t.element_size() for t in outs) > FOLD_LIMIT_BYTES:
         return None
 
@@ -208,6 +304,19 @@ def _fold(cx: AtenCtx, node: Any, args: Args) -> Any:
         if isinstance(vals, (tuple, list)) else cx.constant(to_numpy(res[0]))
 
 
+def _symbolic_args(args: Any) -> bool:
+    """Does an argument hold a symbolic dim (a size computed from torch's shape symbols)?"""
+    import sympy
+
+    if isinstance(args, dict):
+        return _symbolic_args(list(args.values()))
+    if isinstance(args, (list, tuple)):
+        return any(_symbolic_args(a) for a in args)
+    if isinstance(args, Value):
+        return not all(symbolic.is_static(d) for d in args.shape)
+    return isinstance(args, sympy.Basic)
+
+
 def _conform(cx: AtenCtx, got: Any) -> Any:
     """Check an import function's result against torch's record of the node; cast where torch promoted."""
     import torch
@@ -226,8 +335,8 @@ def _conform_one(cx: AtenCtx, v: Any, meta: Any, i: int) -> Any:
 
     if v is None or not isinstance(meta, torch.Tensor):
         return v
-    shape, dtype = tuple(int(d) for d in meta.shape), torch_dtype_name(meta.dtype)
-    if tuple(v.shape) != shape:
+    shape, dtype = cx.symbols.shape(meta.shape), torch_dtype_name(meta.dtype)
+    if len(v.shape) != len(shape) or not all(symbolic.equal(a, b) for a, b in zip(v.shape, shape)):
         raise ModelError(f"node '{cx.name}' (aten.{cx.op}) output {i}: Kiln's import has shape {list(v.shape)}, torch "
                          f"{list(shape)} — an importer bug")
     return cx.cast(v, dtype)
@@ -243,8 +352,6 @@ def _check_types(cx: AtenCtx, node: Any) -> None:
     for t in tensors:
         if not isinstance(t, torch.Tensor):
             continue
-        if any(not isinstance(d, int) for d in t.shape):
-            raise cx.unsupported(f"symbolic shape {list(t.shape)}: Kiln compiles each concrete shape")
         if torch_dtype_name(t.dtype) not in COMPUTED_DTYPES:
             raise cx.unsupported(f"dtype {torch_dtype_name(t.dtype)}: Kiln computes float32 (int64/int32/bool for "
                                  "indices and masks)")
@@ -261,6 +368,8 @@ def import_node(cx: AtenCtx, node: Any, env: dict[Any, Any]) -> Any:
         if got is None:
             raise cx.unsupported(f"output {i} of {src.name} is not computed by Kiln")
         return got
+    if _is_size(node.meta.get("val")):  # arithmetic on sizes (sym_size, s0 * 8): the dim expression itself
+        return cx.symbols.dim(node.meta["val"])
     if not hasattr(node.target, "_schema"):
         raise cx.unsupported("not an ATen op")
     _check_types(cx, node)
@@ -278,52 +387,84 @@ def import_node(cx: AtenCtx, node: Any, env: dict[Any, Any]) -> Any:
                          f"{type(e).__name__}: {e}") from None
 
 
+def _is_size(val: Any) -> bool:
+    """A value torch computes on the host from shape symbols (a SymInt), not a tensor."""
+    import torch
+
+    return isinstance(val, (torch.SymInt, torch.SymBool))
+
+
+def is_size_node(node: Any) -> bool:
+    """An FX node that computes a size from shape symbols (sym_size, arithmetic on SymInts): no kernel runs it."""
+    return node.op == "call_function" and _is_size(node.meta.get("val"))
+
+
 def _short(args: Args) -> str:
     def one(v: Any) -> str:
         return f"%{v.name}:{v.type}" if isinstance(v, Value) else repr(v)
     return ", ".join(f"{k}={one(v)}" for k, v in args.items())
 
 
-def _input_value(node: Any) -> Any:
-    """A placeholder as a graph input (a tensor) or as its specialized Python value."""
+def _input_value(node: Any, symbols: TorchSymbols) -> Any:
+    """A placeholder as a graph input (a tensor), a symbol's value (a SymInt) or its specialized Python value."""
     import torch
 
     val = node.meta.get("val")
+    if _is_size(val):
+        return symbols.dim(val)
     if not isinstance(val, torch.Tensor):
         return val
     dtype = torch_dtype_name(val.dtype)
-    if dtype not in COMPUTED_DTYPES or any(not isinstance(d, int) for d in val.shape):
+    if dtype not in COMPUTED_DTYPES:
         raise UnsupportedOperator("<input>", node.name, None, f"a {dtype}{list(val.shape)} input: Kiln takes "
-                                  f"{'/'.join(COMPUTED_DTYPES)} tensors of static shape")
-    return Value(node.name, TensorType(dtype, tuple(int(d) for d in val.shape)))
+                                  f"{'/'.join(COMPUTED_DTYPES)} tensors")
+    return Value(node.name, TensorType(dtype, symbols.shape(val.shape)))
 
 
 def import_aten(program: AtenProgram) -> Graph:
     """The whole program → a verified Graph whose inputs are its tensor placeholders."""
     gm = program.gm
     graph = Graph([], [], name=program.name)
-    cx = AtenCtx(graph, 0)
+    symbols = program.torch_symbols()
+    graph.bounds = dict(symbols.bounds)
+    cx = AtenCtx(graph, 0, symbols=symbols)
     env: dict[Any, Any] = {}
     outputs: list[Any] = []
-    for node in gm.graph.nodes:
-        cx.fx = node
-        if node.op == "placeholder":
-            env[node] = _input_value(node)
-            if isinstance(env[node], Value):
-                graph.inputs.append(env[node])
-        elif node.op == "get_attr":
-            env[node] = cx.constant(to_numpy(_attr(gm, node.target)))
-        elif node.op == "call_function":
-            env[node] = import_node(cx, node, env)
-        elif node.op == "output":
-            outputs = _values_of_output(node.args[0], env, node)
-        else:
-            raise UnsupportedOperator(node.op, node.name, None, f"{node.target}: not a Core ATen graph (export it "
-                                      "through AOTAutograd or torch.export first)")
+    with symbolic.using_bounds(graph.bounds):  # the symbols' bounds decide the importers' comparisons of dims
+        for node in gm.graph.nodes:
+            cx.fx = node
+            if node.op == "placeholder":
+                env[node] = _input_value(node, symbols)
+                if isinstance(env[node], Value):
+                    graph.inputs.append(env[node])
+            elif node.op == "get_attr":
+                env[node] = cx.constant(to_numpy(_attr(gm, node.target)))
+            elif node.op == "call_function":
+                env[node] = import_node(cx, node, env)
+            elif node.op == "output":
+                outputs = _values_of_output(node.args[0], env, node)
+            else:
+                raise UnsupportedOperator(node.op, node.name, None, f"{node.target}: not a Core ATen graph (export "
+                                          "it through AOTAutograd or torch.export first)")
     graph.outputs = outputs
     graph.output_names = [f"output_{i}" for i in range(len(outputs))]
+    _check_bindable(graph)
     graph.verify()
     return graph
+
+
+def _check_bindable(graph: Graph) -> None:
+    """Every symbol a value's shape uses is a dim of some input: the executable binds symbols from its inputs'
+    shapes. Only those symbols keep bounds."""
+    bound = {n for v in graph.inputs for d in v.shape if not symbolic.is_static(d) and getattr(d, "is_Symbol", False)
+             for n in symbolic.free_symbols(d)}
+    graph.bounds = {n: b for n, b in graph.bounds.items() if n in bound}
+    for v in graph.values():
+        loose = symbolic.free_symbols(v.shape) - bound
+        if loose:
+            raise ModelError(f"value '{v.name}' has shape {symbolic.shape_str(v.shape)}, whose symbol(s) "
+                             f"{sorted(loose)} no input of '{graph.name}' has as a dim: its size could not be known "
+                             "from the inputs")
 
 
 def _values_of_output(out: Any, env: dict[Any, Any], node: Any) -> list[Value]:
@@ -340,44 +481,48 @@ def _values_of_output(out: Any, env: dict[Any, Any], node: Any) -> list[Value]:
     return flat
 
 
-def unsupported_reason(node: Any, gm: Any = None) -> str | None:
+def unsupported_reason(node: Any, gm: Any = None, symbols: TorchSymbols | None = None) -> str | None:
     """Why Kiln cannot take this call_function node (None: it can): the node is imported on its own, its tensor
-    inputs as graph inputs (get_attr inputs as the constants they are)."""
+    inputs as graph inputs (get_attr inputs as the constants they are), its dims as Kiln dims (`symbols`: torch's
+    shape symbols of the whole graph)."""
     if node.op != "call_function":
         return None
+    symbols = symbols if symbols is not None else TorchSymbols()
     try:
-        _probe(node, gm)
+        with symbolic.using_bounds(symbols.bounds):
+            _probe(node, gm, symbols)
     except (UnsupportedOperator, ModelError) as e:
         return str(e)
     return None
 
 
-def _probe(node: Any, gm: Any) -> Any:
+def _probe(node: Any, gm: Any, symbols: TorchSymbols) -> Any:
     import torch
 
     if node.target is operator.getitem:  # supported when its producer is and computes that output
         src, i = node.args
-        got = _probe(src, gm)
+        got = _probe(src, gm, symbols)
         if not isinstance(got, (list, tuple)) or got[i] is None:
             raise AtenCtx(Graph([], []), 0, fx=node).unsupported(f"output {i} of {src.name} is not computed by Kiln")
         return got[i]
-    cx = AtenCtx(Graph([], [], name="probe"), 0)
+    cx = AtenCtx(Graph([], [], name="probe"), 0, symbols=symbols)
     env: dict[Any, Any] = {}
     for a in node.all_input_nodes:
         val = a.meta.get("val")
         if a.op == "get_attr" and gm is not None:
             env[a] = cx.constant(to_numpy(_attr(gm, a.target)))
         elif isinstance(val, torch.Tensor):
-            env[a] = _probe_value(a.name, val)
+            env[a] = _probe_value(a.name, val, symbols)
         elif isinstance(val, (tuple, list)):  # a multi-output producer, read through getitem
-            env[a] = [_probe_value(f"{a.name}.{i}", t) if isinstance(t, torch.Tensor) else None
+            env[a] = [_probe_value(f"{a.name}.{i}", t, symbols) if isinstance(t, torch.Tensor) else None
                       for i, t in enumerate(val)]
+        elif _is_size(val):
+            env[a] = symbols.dim(val)
         else:
             env[a] = val
     return import_node(cx, node, env)
 
 
-def _probe_value(name: str, t: Any) -> Value:
+def _probe_value(name: str, t: Any, symbols: TorchSymbols) -> Value:
     dtype = torch_dtype_name(t.dtype)
-    shape = tuple(d if isinstance(d, int) else 1 for d in t.shape)
-    return Value(name, TensorType(dtype if dtype in COMPUTED_DTYPES else "float32", shape))
+    return Value(name, TensorType(dtype if dtype in COMPUTED_DTYPES else "float32", symbols.shape(t.shape)))

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from kiln.frontend.torch.importer import Args, AtenCtx, aten
+from kiln.graph import symbolic
 from kiln.graph.ir import Value
 
 # ATen op → Kiln unary core op: rewrite rules as data
@@ -258,8 +259,23 @@ def copy(cx: AtenCtx, a: Args) -> Value:
     return src if src.shape == dst.shape else cx.add("Expand", [src], shape=tuple(dst.shape))
 
 
-@aten("full_like.default", "zeros_like.default", "ones_like.default", "empty_like.default")
+@aten("full_like.default", "zeros_like.default", "ones_like.default", "empty_like.default", "full.default")
 def full_like(cx: AtenCtx, a: Args) -> Value:
+    """A constant; of a symbolic shape (traced with dynamic shapes), the scalar expanded to it at run time."""
     fill = {"zeros_like.default": 0, "ones_like.default": 1, "empty_like.default": 0}.get(cx.op)
     fill = a["fill_value"] if fill is None else fill
-    return cx.constant(np.full(cx.out_shape(), fill, dtype=cx.out_dtype()))
+    shape = cx.out_shape()
+    if symbolic.is_static(shape):
+        return cx.constant(np.full(shape, fill, dtype=cx.out_dtype()))
+    return cx.add("Expand", [cx.scalar(fill, cx.out_dtype())], shape=shape)
+
+
+@aten("arange.default", "arange.start", "arange.start_step")
+def arange(cx: AtenCtx, a: Args) -> Value:
+    """An integer range whose end is a symbolic size (positions, causal masks under dynamic shapes); a constant
+    range is evaluated by torch at import."""
+    start, end, step = a.get("start") or 0, a["end"], a.get("step") or 1
+    if np.dtype(cx.out_dtype()).kind not in "iu":
+        raise cx.unsupported(f"a {cx.out_dtype()} arange over a symbolic size: only integer ranges take dims")
+    return cx.add("Range", [], start=symbolic.normalize(start), limit=symbolic.normalize(end),
+                  delta=symbolic.normalize(step), dtype=cx.out_dtype())
