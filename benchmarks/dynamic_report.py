@@ -2,6 +2,7 @@
 and onnxruntime running the same dynamic model. One interleaved run per model, 2 threads for everyone.
 
     python benchmarks/dynamic_report.py bert_base_dynamic gpt_decoder resnet50_dynamic --rounds 3
+    python benchmarks/dynamic_report.py bert_base_dynamic --bounds batch=1:4,seq=1:512 --sizes 4x16,1x16
 
 For each model: the dynamic executable is compiled once (cold, compile cache off) and the number of compilations it
 took is read from exe.meta; Kiln's static executable is compiled per size (input_shapes=); onnxruntime gets the
@@ -56,10 +57,11 @@ def timed(fn, seconds: float) -> list[float]:
             return times
 
 
-def report(name: str, rounds: int, threads: int, gap: float, sizes: list[tuple[int, ...]]) -> None:
+def report(name: str, rounds: int, threads: int, gap: float, sizes: list[tuple[int, ...]],
+           bounds: dict[str, tuple[int, int]] | None = None) -> None:
     model = zoo.build(name)
     t = time.perf_counter()
-    dyn = kiln.compile(model, num_threads=threads, cache=False)
+    dyn = kiln.compile(model, num_threads=threads, cache=False, dynamic_bounds=bounds)
     dyn_s = time.perf_counter() - t
     opts = ort.SessionOptions()
     opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
@@ -110,10 +112,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--gap", type=float, default=0.6, help="idle seconds before each system's turn")
     ap.add_argument("--sizes", help="override: e.g. '1x1,4x128' (batch x seq) or '1,8' (batch)")
+    ap.add_argument("--bounds", help="dynamic_bounds of the dynamic build: e.g. 'batch=1:4,seq=1:512' (default: "
+                    "each symbol (1, 512))")
     a = ap.parse_args()
+    bounds = {k: tuple(int(x) for x in v.split(":")) for k, v in (p.split("=") for p in a.bounds.split(","))} \
+        if a.bounds else None
     for name in a.models:
         sizes = SIZES[name] if not a.sizes else [tuple(int(x) for x in s.split("x")) for s in a.sizes.split(",")]
-        report(name, a.rounds, a.threads, a.gap, sizes)
+        report(name, a.rounds, a.threads, a.gap, sizes, bounds)
 
 
 if __name__ == "__main__":

@@ -109,7 +109,8 @@ def test_attention_every_size_one_compile(width: str) -> None:
     model = attention_model()
     exe = compiled_once(model, width, {"batch": (1, 4), "seq": (1, 48)})
     if exe is not None:
-        assert exe.meta["dynamic"]["per_sample"] == "batch"
+        # not split per sample: its projection's weights are read once for the whole batch × seq rows
+        assert exe.meta["dynamic"]["per_sample"] is None
         check_sizes(exe, model, SIZES)
 
 
@@ -264,7 +265,10 @@ def test_reshape_is_a_view_only_where_symbolic_dims_map_one_to_one() -> None:
 def test_per_sample_split_needs_a_batch_no_op_mixes() -> None:
     from kiln.frontend.onnx import import_onnx
     from kiln.kernel.dynamic import per_sample
-    assert per_sample(import_onnx(attention_model())) == "batch"
+    # the projection (constant weights, rows [batch, seq]) is most of the work: split, its weights would stream once
+    # per sample — unless unsplit max layouts would be huge (scores at batch 2048 × seq 512 × seq 512: 2 GiB)
+    assert per_sample(import_onnx(attention_model())) is None
+    assert per_sample(import_onnx(attention_model(), dynamic_bounds={"batch": (1, 2048), "seq": (1, 512)})) == "batch"
     assert per_sample(import_onnx(conv_model())) == "batch"
     assert per_sample(import_onnx(batch_mixing_model())) is None  # Softmax over axis 0
 

@@ -195,15 +195,29 @@ def per_sample(graph: Graph) -> str | None:
     first = [v.shape[0] for v in graph.inputs if v.shape and not is_static(v.shape[0])]
     cands = {d.name for d in first if getattr(d, "is_Symbol", False)}
     for name in sorted(cands):
-        if _splits(graph, name) and _row_share(graph, name) <= MAX_ROW_SHARE:
+        if _splits(graph, name) and (_row_share(graph, name) <= MAX_ROW_SHARE or _too_big_whole(graph)):
             return name
     return None
 
 
-# A per-sample split turns every matrix product whose rows ARE the samples ([batch, K] × [K, N]: an MLP, a
-# classifier head) into one matrix-vector product per sample, reading the weights once per sample. Worth it for
-# a CNN (its head is 0.1% of resnet50's work, its convs keep their static schedules), not for an MLP: split only
-# where such products are at most this share of the work.
+# Unsplit, a model's activations are laid out at every symbol's upper bound at once: BERT's attention scores at
+# batch 512 × seq 512 alone are 6 GiB. Where one activation would take more than this, split even a model of
+# weight-sharing matrix products — the arena then holds one sample (dynamic_bounds= with a small batch bound
+# keeps such a model whole, its weights read once per batch)
+MAX_WHOLE_VALUE_BYTES = 1 << 30
+
+
+def _too_big_whole(graph: Graph) -> bool:
+    bounds = getattr(graph, "bounds", None) or {}
+    return any(int(np.prod([upper(d, bounds) for d in v.shape], dtype=np.float64)) * np.dtype(v.dtype).itemsize
+               > MAX_WHOLE_VALUE_BYTES for v in graph.values() if v.const is None and not is_static(v.shape))
+
+
+# A per-sample split turns every matrix product of constant weights whose rows are (or lead with) the samples
+# ([batch, K] × [K, N]: an MLP, a classifier head; [batch, seq, K] × [K, N]: a transformer's dense layers) into one
+# product per sample, reading the weights once per sample (BERT at batch 4 × seq 16: 1.7× the static build).
+# Worth it for a CNN (its head is 0.1% of resnet50's work, its convs keep their static schedules), not for an MLP
+# or a transformer: split only where such products are at most this share of the work.
 MAX_ROW_SHARE = 0.25
 _ANCHORS = ("MatMul", "PackedMatMul", "Conv", "PackedConv", "QMatMul", "QPackedMatMul", "QConv", "QPackedConv",
             "WinogradProduct", "ConvTranspose")
@@ -219,8 +233,9 @@ def _row_share(graph: Graph, name: str) -> float:
         a = n.inputs[0]
         if "MatMul" in n.op:
             work = out * (int(a.shape[-1]) if is_static(a.shape[-1]) else 1)
-            if len(a.shape) == 2 and not is_static(a.shape[0]) and str(a.shape[0]) == name:
-                rows += work
+            weights = n.op.startswith(("Packed", "QPacked")) or (len(n.inputs) > 1 and n.inputs[1].const is not None)
+            if weights and len(a.shape) >= 2 and not is_static(a.shape[0]) and str(a.shape[0]) == name:
+                rows += work  # (a [batch, seq, K] input too: per sample, its weights would stream once per sample)
         else:
             w = n.inputs[1].shape if len(n.inputs) > 1 else ()
             work = out * float(np.prod([int(d) for d in w[1:] if is_static(d)] or [1]))

@@ -365,6 +365,12 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
     fast = dec.knob("order", "n" if red_size <= 128 and "nr" not in c.hints else "m", ("m", "n"))
     order = [mo, no] if fast == "n" else [no, mo]
     extents = [e for _, e in others] + ([n_no, n_mo] if order[0] is no else [n_mo, n_no])
+    outer: list[Var] = []
+    if dynamic and fast == "m" and others:
+        # run-time extents over several row blocks (a batch × a sequence in their max layout: rows that are not one
+        # affine axis): the panel index outermost, so a weight panel serves every row tile of every batch entry
+        # while it is in cache, instead of the whole weight matrix streaming again per batch entry
+        outer, extents, order = [no], [n_no] + extents[:-2] + [n_mo], [mo]
     # the knob `block`: tiles of the fastest index per cache block — the slower index then sweeps each block
     # (block < extent: a block of rows stays in L2 while every panel passes, or a block of panels while every
     # row tile does); the default is one block (no blocking)
@@ -380,7 +386,7 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
     flat = Var(f"tile{tag}")
     decode: dict[Expr, Expr] = {}
     stride = 1
-    names = [v for v, _ in others] + order
+    names = outer + [v for v, _ in others] + order
     if not dynamic and block < n_fast:  # (others…, fast block, slow, fast in block); the last block may be partial
         slow_v, fast_v = names[-2], names[-1]
         n_slow = extents[-2]
