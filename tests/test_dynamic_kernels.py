@@ -285,3 +285,13 @@ def test_cli_runs_a_dynamic_model_at_the_sizes_asked(tmp_path) -> None:  # noqa:
     bad = subprocess.run([sys.executable, "-m", "kiln.cli", "run", str(path), "--no-cache", "--dims", "len=3"],
                          capture_output=True, text=True, timeout=600)
     assert bad.returncode != 0 and "--dims wants NAME=SIZE" in bad.stderr
+
+
+def test_inputs_laid_out_as_the_start_of_their_max_layout_run_in_place() -> None:
+    """A batch-1 input [1, 112, 768] lies exactly as the start of its max layout [4, 512, 768]: used in place (no
+    staging copy); [2, 112, 768] does not (its second sample starts 512 rows in)."""
+    from kiln.runtime.shapes import is_prefix
+    assert is_prefix((1, 112, 768), (4, 512, 768)) and is_prefix((1, 1, 1), (4, 512, 768))
+    assert is_prefix((3, 512, 768), (4, 512, 768)) and is_prefix((1, 1, 5), (4, 512, 768))  # one token's first 5
+    assert not is_prefix((2, 112, 768), (4, 512, 768)) and not is_prefix((1, 2, 5), (4, 512, 768))
+    assert not is_prefix((1, 112), (4, 512, 768))

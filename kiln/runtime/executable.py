@@ -119,20 +119,22 @@ class Executable:
     def _run_dynamic(self, ins: list[np.ndarray], profile: dict[str, float] | None) -> list[np.ndarray]:
         """Bind the symbols from the inputs (checked before anything runs), place the inputs in their max layouts,
         run, and cut the outputs to their actual shapes (kernel/dynamic.py, runtime/shapes.py)."""
-        from kiln.runtime.shapes import bind
+        from kiln.runtime.shapes import bind, is_prefix
         dyn = self.dynamic
         values = bind(self.inputs, ins, dyn["bounds"])
         outs = [np.empty(shape(values), dtype=s.dtype) for s, shape in zip(self.outputs, self._out_shapes)]
         with self._lock:  # the dims array and the staging copies are the executable's, like its arena
             placed = []
+            whole = dyn.get("per_sample") is None  # (split per sample, an input's samples lie a max sample apart)
             for i, (s, a, full, packed) in enumerate(zip(self.inputs, ins, dyn["max_inputs"], dyn["packed_inputs"])):
-                if packed:
+                if packed or (whole and is_prefix(a.shape, full)):
                     placed.append(a)
                     continue
                 stage = self._stage("in", i, full, s.dtype)
                 stage[tuple(slice(0, n) for n in a.shape)] = a
                 placed.append(stage)
-            direct = [o if packed else self._stage("out", i, full, s.dtype) for i, (s, o, full, packed)
+            direct = [o if packed or (whole and is_prefix(o.shape, full)) else self._stage("out", i, full, s.dtype)
+                      for i, (s, o, full, packed)
                       in enumerate(zip(self.outputs, outs, dyn["max_outputs"], dyn["packed_outputs"]))]
             for name, v in values.items():
                 self._dims[dyn["symbols"].index(name)] = v

@@ -100,3 +100,12 @@ def bind(specs: Sequence[Any], arrays: Sequence[np.ndarray], bounds: dict[str, S
                 if want != n:
                     raise ValueError(f"input '{s.name}' has shape {list(a.shape)}: dim {axis} must be {d} = {want}")
     return values
+
+
+def is_prefix(shape: Sequence[int], full: Sequence[int]) -> bool:
+    """Is a C-contiguous array of `shape` laid out exactly as the start of one of `full` (a max layout)? Its
+    elements then have their max-layout offsets, and the kernels can use it in place: every dim after the first
+    one above 1 is at its full size ([1, 112, 768] in [4, 512, 768]; not [2, 112, 768])."""
+    dims = list(shape)
+    first = next((i for i, d in enumerate(dims) if d > 1), len(dims))
+    return len(dims) == len(full) and all(d == f for d, f in zip(dims[first + 1:], full[first + 1:]))
