@@ -27,6 +27,7 @@ from kiln.kernel.ir import (
     cmp,
     hint,
     is_symbolic,
+    minimum,
     walk,
 )
 from kiln.schedule.amx import schedule_amx
@@ -231,10 +232,10 @@ SYMBOLIC_CHUNK = 2048
 # step: a matrix-vector product, one output row per weight panel pass). A few rows (2 … MR−1) run the full tile with
 # its clamped edge: those products are bound by streaming the weights, and each variant costs compile time
 REGIME_ROWS = (1,)
-# ... and a tile of this many rows (half the full one's where that has at most this many): every row tile of a
-# run-time M is a full tile's work, so M = 16 rows on AVX-512's 14-row tile computes 28 (BERT at 16 tokens: 1.7×
-# the static build, which picks 8 rows). The one of the two that computes fewer row-steps runs.
-MID_ROWS = 8
+# ... and tiles of these many rows (those below the full tile's): every row tile of a run-time M is a full tile's
+# work, so M = 16 rows on AVX-512's 14-row tile computed 28 (BERT at 16 tokens: 1.7× the static build, which picks
+# 8 rows), and 3 rows on an 8-row one 8 (a decoder's 3-token prompt: 1.8×). The one computing fewest row-steps runs.
+ROW_VARIANTS = (8, 4)
 
 
 def tile_row_cost(M: Expr, rows: int) -> Expr:
@@ -247,18 +248,21 @@ def regime_tiles(k: Kernel, c: Compute, shape: TileShape, tag: str, threads: int
     """The register tile of a compute with run-time extents — and, when its rows M are a symbolic dim, one variant
     per regime, picked at run time by M (DietCode's shape-generic micro-kernels, here by hand from the registers):
 
-        if M ≤ 1:                          the 1-row tile   (GEMV-like: a 1-token decode step)
-        elif cost(MID rows) < cost(MR):    the MID-row tile (short prompts: less of the last tile wasted)
-        else:                              the MR-row tile  (GEMM-like: prompts, batches; the last row tile clamped)"""
+        if M ≤ 1:                                the 1-row tile  (GEMV-like: a 1-token decode step)
+        elif cost(4) < min(cost(8), cost(MR)):   the 4-row tile  (a few rows)
+        elif cost(8) < cost(MR):                 the 8-row tile  (short prompts: less of the last tile wasted)
+        else:                                    the MR-row tile (GEMM-like: prompts, batches; the last tile clamped)
+    with cost(r) = tile_row_cost(M, r), ties to the taller tile."""
     M = c.extents[shape.m_axis]
     nest = tile_compute(k, c, shape, tag, threads, None, dec)
     if not is_symbolic(M) or shape.flatten_rows:
         return nest
-    mid = MID_ROWS if shape.mr > MID_ROWS else shape.mr // 2
-    if mid >= 2:
-        m = as_extent(M)
-        alt = tile_compute(k, c, replace(shape, mr=mid), f"{tag}m{mid}", threads, None, dec)
-        nest = [If(cmp("<", tile_row_cost(m, mid), tile_row_cost(m, shape.mr)), alt, nest)]
+    m, taller = as_extent(M), tile_row_cost(as_extent(M), shape.mr)
+    for rows in sorted(r for r in ROW_VARIANTS if 2 <= r < shape.mr)[::-1]:
+        alt = tile_compute(k, c, replace(shape, mr=rows), f"{tag}m{rows}", threads, None, dec)
+        cost = tile_row_cost(m, rows)
+        nest = [If(cmp("<", cost, taller), alt, nest)]
+        taller = minimum(cost, taller)
     for rows in sorted((r for r in REGIME_ROWS if r < shape.mr), reverse=True):
         small = tile_compute(k, c, replace(shape, mr=rows), f"{tag}r{rows}", threads, None, dec)
         limit = rows if rows == 1 else shape.mr - 1
