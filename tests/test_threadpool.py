@@ -39,3 +39,46 @@ def test_more_threads_than_cores_and_then_fewer() -> None:
     for threads in (4, 2, 1, 3):
         out = kiln.compile(model, num_threads=threads, cache=False).run(feeds)[0]
         np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_pool_stack_slots_are_allocated_once_per_function() -> None:
+    """Every alloca of the pool's functions sits in the entry block. One in the worker's endless wait loop was
+    taken again for every job: 16 bytes of the worker's stack per parallel loop, never freed, until after about
+    half a million parallel loops (a few thousand BERT runs) the worker's 8 MiB stack ran out inside a kernel."""
+    from llvmlite import binding as llvm
+
+    from kiln.codegen.module import opaque_pointers
+    from kiln.runtime.threadpool import build_module
+
+    with opaque_pointers():
+        mod = llvm.parse_assembly(str(build_module()))
+    seen = 0
+    for fn in mod.functions:
+        for i, block in enumerate(fn.blocks):
+            allocas = [ins for ins in block.instructions if ins.opcode == "alloca"]
+            seen += len(allocas)
+            assert i == 0 or not allocas, f"{fn.name}: alloca in block {block.name!r}, not the entry block"
+    assert seen >= 4  # the worker's pin mask, its seen/spin counters, kiln_parallel's thread id
+
+
+def _matmul_chain(n: int, d: int = 64):  # noqa: ANN202 - (model, feeds): n MatMul kernels, each a parallel loop
+    from onnx import TensorProto, helper, numpy_helper
+
+    r = np.random.default_rng(0)
+    ws = [numpy_helper.from_array((r.standard_normal((d, d)) * 0.1).astype(np.float32), f"w{i}") for i in range(n)]
+    nodes = [helper.make_node("MatMul", [f"h{i}" if i else "x", f"w{i}"], [f"h{i + 1}"]) for i in range(n)]
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [d, d])],
+                              [helper.make_tensor_value_info(f"h{n}", TensorProto.FLOAT, [d, d])], ws)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), \
+        {"x": r.standard_normal((d, d)).astype(np.float32)}
+
+
+def test_a_million_parallel_loops_on_one_worker() -> None:
+    """The leak above, end to end: twice as many parallel loops as it took to exhaust the worker's stack (the
+    old pool crashed this test about halfway)."""
+    model, feeds = _matmul_chain(64)
+    exe = kiln.compile(model, num_threads=2, cache=False)
+    ref = exe.run(feeds)[0]
+    for _ in range(1_100_000 // 64):
+        exe.run(feeds)
+    assert np.array_equal(exe.run(feeds)[0], ref)

@@ -37,6 +37,17 @@ def _g(m: ir.Module, name: str, t: ir.Type, init: int | None = 0) -> ir.GlobalVa
     return g
 
 
+def entry_alloca(b: ir.IRBuilder, t: ir.Type) -> ir.Value:
+    """A stack slot allocated once, in the function's entry block. An alloca anywhere else is a dynamic one, taken
+    again each time control passes it: in the worker's endless wait loop that leaked 16 bytes of stack per job, and
+    after about half a million parallel loops the worker's 8 MiB stack ran out (a SIGSEGV inside a kernel)."""
+    entry = b.function.entry_basic_block
+    with b.goto_block(entry):
+        if entry.instructions:
+            b.position_before(entry.instructions[0])
+        return b.alloca(t)
+
+
 def la(b: ir.IRBuilder, g: ir.GlobalVariable, order: str, align: int) -> ir.Value:
     """Atomic load of a global (llvmlite needs the loaded type spelled out)."""
     return b.load_atomic(g, order, align, typ=g.value_type)
@@ -95,7 +106,7 @@ def build_module() -> ir.Module:
     slot = b.srem(b.add(idx, ir.Constant(I32, 1)), n_cpu)
     cpu = b.load(b.gep(cpus, [ir.Constant(I32, 0), slot]), typ=I32)
     mask_t = ir.ArrayType(I64, 16)  # 1024 CPUs
-    mask = b.alloca(mask_t)
+    mask = entry_alloca(b, mask_t)
     b.store(ir.Constant(mask_t, None), mask)
     word = b.gep(mask, [ir.Constant(I32, 0), b.sdiv(cpu, ir.Constant(I32, 64))])
     bit = b.shl(ir.Constant(I64, 1), b.zext(b.srem(cpu, ir.Constant(I32, 64)), I64))
@@ -103,11 +114,11 @@ def build_module() -> ir.Module:
     b.call(setaff, [ir.Constant(I32, 0), ir.Constant(I64, 128), mask])
     b.branch(pinned)
     b.position_at_end(pinned)
-    seen = b.alloca(I32)
+    seen = entry_alloca(b, I32)
     b.store(ir.Constant(I32, 0), seen)
     wait_head, _, _ = loop(b, "forever")
     # spin, then sleep on the futex until gen32 != seen
-    spin = b.alloca(I32)
+    spin = entry_alloca(b, I32)
     b.store(ir.Constant(I32, 0), spin)
     poll = b.append_basic_block("poll")
     b.branch(poll)
@@ -165,7 +176,7 @@ def build_module() -> ir.Module:
     want = b.sext(b.sub(nthreads, ir.Constant(I32, 1)), I64)           # helpers besides the caller
     want = b.select(b.icmp_signed("<", want, ir.Constant(I64, MAX_WORKERS)), want, ir.Constant(I64, MAX_WORKERS))
     # create missing workers (only ever grows)
-    tid = b.alloca(I64)
+    tid = entry_alloca(b, I64)
     c_head, c_body, c_done = loop(b, "spawn")
     have = b.sext(b.load(nworkers, typ=I32), I64)
     b.cbranch(b.icmp_signed("<", have, want), c_body, c_done)
