@@ -82,3 +82,31 @@ def test_a_million_parallel_loops_on_one_worker() -> None:
     for _ in range(1_100_000 // 64):
         exe.run(feeds)
     assert np.array_equal(exe.run(feeds)[0], ref)
+
+
+def test_the_pool_object_is_cached_and_a_damaged_one_rebuilt(tmp_path) -> None:  # noqa: ANN001
+    """A process JITs the pool once into the cache directory; the next one loads it; a damaged file is compiled
+    again and rewritten, and the model still runs correctly."""
+    import glob
+    import hashlib
+    import os
+    import subprocess
+    import sys
+
+    script = ("import numpy as np, kiln; from kiln import zoo\n"
+              "m, f = zoo.build('gemm_odd'), zoo.inputs('gemm_odd')\n"
+              "a = kiln.compile(m, num_threads=2, cache=False).run(f)[0]\n"
+              "b = kiln.compile(m, num_threads=1, cache=False).run(f)[0]\n"
+              "assert np.allclose(a, b, rtol=1e-5, atol=1e-5), abs(a - b).max()\n")
+    env = {**os.environ, "KILN_CACHE_DIR": str(tmp_path)}
+    for damage in (False, False, True):
+        if damage:
+            for p in glob.glob(str(tmp_path / "threadpool-*.o")):
+                with open(p, "r+b") as f:
+                    f.write(b"\0" * 64)
+        r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        (path,) = glob.glob(str(tmp_path / "threadpool-*.o"))
+        with open(path, "rb") as f:
+            digest, obj = f.read(32), f.read()
+        assert hashlib.sha256(obj).digest() == digest  # (after the damage: rebuilt and rewritten)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import hashlib
 import os
 
 from llvmlite import ir
@@ -252,8 +253,11 @@ def pool_address() -> int:
     with opaque_pointers():
         text = str(build_module())
     tgt = host()
-    obj = emit_object(optimize(text, tgt), tgt)
-    loaded = LoadedObject(obj, tgt)
+    loaded = _load_cached(text, tgt)
+    if loaded is None:
+        obj = emit_object(optimize(text, tgt), tgt)
+        loaded = LoadedObject(obj, tgt)
+        _store(text, tgt, obj)
     _KEEP.append(loaded)
     try:
         mine = sorted(os.sched_getaffinity(0))[:MAX_WORKERS + 1]
@@ -265,6 +269,42 @@ def pool_address() -> int:
     ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int32)(loaded.address("kiln_pool_set_cpus"))(
         ctypes.addressof(arr), len(mine))
     return loaded.address("kiln_parallel")
+
+
+def _cache_path(text: str, tgt) -> str:  # noqa: ANN001 - kiln.target.Target
+    """The pool's object in Kiln's cache directory, keyed by its IR and the target: a process that loads a model
+    from the cache need not spend ~60 ms JIT-compiling the pool first (resnet50 from the cache: ~0.22 → ~0.16 s).
+    The file is the object's SHA-256, then the object."""
+    from kiln.cachedir import cache_dir
+
+    key = hashlib.sha256(f"{tgt.key}\n{text}".encode()).hexdigest()[:32]
+    return os.path.join(cache_dir(), f"threadpool-{key}.o")
+
+
+def _load_cached(text: str, tgt):  # noqa: ANN001, ANN202 - Target → LoadedObject | None
+    from kiln.codegen.jit import LoadedObject
+
+    try:
+        with open(_cache_path(text, tgt), "rb") as f:
+            digest, obj = f.read(32), f.read()
+        if hashlib.sha256(obj).digest() != digest:  # damaged: LLVM would abort the process on a bad object
+            return None
+        loaded = LoadedObject(obj, tgt)
+        loaded.address("kiln_parallel")
+        return loaded
+    except Exception:  # noqa: BLE001 - absent, unreadable or damaged: compile it again (and rewrite it)
+        return None
+
+
+def _store(text: str, tgt, obj: bytes) -> None:  # noqa: ANN001
+    try:
+        path = _cache_path(text, tgt)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(hashlib.sha256(obj).digest() + obj)
+        os.replace(tmp, path)  # atomic: a concurrent reader sees the old file or the whole new one
+    except OSError:  # a read-only cache directory: the pool is compiled per process, as before
+        pass
 
 
 _KEEP: list[object] = []
