@@ -260,3 +260,27 @@ def test_cuda_tensors_are_refused_by_the_backend() -> None:
     y = g.call_function(torch.ops.aten.relu.default, (x,))
     y.meta["val"] = torch.empty(2, 3, device="meta")
     assert "a tensor on meta: Kiln compiles for this machine's CPU" in unsupported_reason(y)
+
+
+def test_torch_shape_expressions_become_kiln_dims() -> None:
+    """torch's size arithmetic (its FloorDiv, CeilDiv, Mod, Max, powers) on Kiln's renamed symbols; a size that is
+    not integer arithmetic (1/s) is refused by name."""
+    import sympy
+    from torch.utils._sympy import functions as F
+
+    from kiln.frontend.torch.importer import TorchSymbols
+    from kiln.graph import symbolic
+
+    s0, s1 = (sympy.Symbol(n, integer=True, positive=True) for n in ("s0", "s1"))
+    syms = TorchSymbols({"s0": "sym0", "s1": "sym1"}, {"sym0": (2, 512), "sym1": (2, 512)})
+    a, b = symbolic.symbol("sym0"), symbolic.symbol("sym1")
+    cases = [(s0 * 8 + 1, 8 * a + 1), (F.FloorDiv(s0, 2), a // 2), (F.CeilDiv(s0, 4), (a + 3) // 4),
+             (F.PythonMod(s1, 5), sympy.Mod(b, 5)), (sympy.Max(s0, s1), sympy.Max(a, b)), (s0 ** 2, a * a)]
+    for torch_expr, want in cases:
+        got = syms._expr(torch_expr)
+        for v0, v1 in ((2, 3), (7, 11), (512, 509)):
+            assert symbolic.evaluate(got, {"sym0": v0, "sym1": v1}) == symbolic.evaluate(want, {"sym0": v0, "sym1": v1})
+    with pytest.raises(kiln.errors.ModelError, match="not integer arithmetic"):
+        syms._expr(s0 ** -1)
+    with pytest.raises(kiln.errors.ModelError, match="not a dim of the graph's inputs"):
+        syms._expr(sympy.Symbol("s9", integer=True, positive=True))

@@ -8,6 +8,7 @@ constants is evaluated by torch itself at import (arange, full, masks built from
 as the ONNX frontend folds all-constant nodes."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import operator
 import re
@@ -114,10 +115,6 @@ class TorchSymbols:
         return tuple(self.dim(d) for d in shape)
 
     def _expr(self, e: Any) -> Any:
-        import sympy
-
-        from torch.utils._sympy import functions as F
-
         if e.is_Symbol:
             if str(e) not in self.names:
                 raise ModelError(f"torch shape symbol {e} is not a dim of the graph's inputs: Kiln binds its symbols "
@@ -126,26 +123,28 @@ class TorchSymbols:
         if e.is_Integer:
             return int(e)
         args = [self._expr(a) for a in e.args]
-        if isinstance(e, sympy.Add):
-            return sympy.Add(*args)
-        if isinstance(e, sympy.Mul):
-            return sympy.Mul(*args)
-        if isinstance(e, (sympy.Max, F.Max)):
-            return sympy.Max(*args)
-        if isinstance(e, (sympy.Min, F.Min)):
-            return sympy.Min(*args)
-        if isinstance(e, sympy.Pow) and e.args[1].is_Integer and int(e.args[1]) > 0:
-            return args[0] ** int(e.args[1])
-        if isinstance(e, F.PowByNatural):
-            return args[0] ** args[1]
-        if isinstance(e, (F.FloorDiv, F.CleanDiv)):
-            return sympy.floor(sympy.sympify(args[0]) / args[1])
-        if isinstance(e, F.CeilDiv):
-            return sympy.ceiling(sympy.sympify(args[0]) / args[1])
-        if isinstance(e, (F.Mod, F.PythonMod, sympy.Mod)):
-            return sympy.Mod(*args)
-        raise ModelError(f"torch shape expression {e}: {type(e).__name__} is not integer arithmetic Kiln's symbolic "
-                         "dims represent")
+        build = next((f for t, f in _dim_ops().items() if isinstance(e, t)), None)
+        if build is None or (type(e).__name__ == "Pow" and not (e.args[1].is_Integer and int(e.args[1]) > 0)):
+            raise ModelError(f"torch shape expression {e}: {type(e).__name__} is not integer arithmetic Kiln's "
+                             "symbolic dims represent")
+        return build(*args)
+
+
+@functools.cache
+def _dim_ops() -> dict[type, Callable[..., Any]]:
+    """torch's shape-expression functions (torch.utils._sympy) → the sympy forms Kiln's dims use."""
+    import sympy
+
+    from torch.utils._sympy import functions as F
+
+    def floor_div(a: Any, b: Any) -> Any:
+        return sympy.floor(sympy.sympify(a) / b)
+
+    return {sympy.Add: sympy.Add, sympy.Mul: sympy.Mul, F.Max: sympy.Max, sympy.Max: sympy.Max,
+            F.Min: sympy.Min, sympy.Min: sympy.Min, sympy.Pow: lambda a, n: a ** n,
+            F.PowByNatural: lambda a, n: a ** n, F.FloorDiv: floor_div, F.CleanDiv: floor_div,
+            F.CeilDiv: lambda a, b: sympy.ceiling(sympy.sympify(a) / b),
+            F.Mod: sympy.Mod, F.PythonMod: sympy.Mod, sympy.Mod: sympy.Mod}
 
 
 @dataclass
