@@ -20,7 +20,7 @@ from kiln.codegen.exprs import (
     prefix_store,
     vector_constant,
 )
-from kiln.codegen.loops import emit_loop
+from kiln.codegen.loops import emit_loop, entry_alloca
 from kiln.codegen.scalable import ScalableExprEmitter, loop_is_scalable, reduce_is_scalable
 from kiln.codegen.scalable import emit_vector_loop as emit_scalable_loop
 from kiln.codegen.scalable import emit_vector_reduce as emit_scalable_reduce
@@ -183,13 +183,7 @@ class KernelEmitter:
         fn = em._decl("llvm.prefetch.p0", ir.VoidType(), [PTR, I32, I32, I32])
         b.call(fn, [p, ir.Constant(I32, int(s.write)), ir.Constant(I32, s.locality), ir.Constant(I32, 1)])
 
-    def entry_alloca(self, b: ir.IRBuilder, t: ir.Type) -> ir.Value:
-        """Allocas in the entry block so mem2reg turns accumulators into registers."""
-        entry = b.function.entry_basic_block
-        with b.goto_block(entry):
-            if entry.instructions:
-                b.position_before(entry.instructions[0])
-            return b.alloca(t)
+    entry_alloca = staticmethod(entry_alloca)  # (scalable.py and sme.py reach it through the emitter)
 
     def store(self, b: ir.IRBuilder, em: ExprEmitter, s: Store) -> None:
         ptr, dtype, shape = em.buffers[s.buf]

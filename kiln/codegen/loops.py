@@ -24,3 +24,15 @@ def emit_loop(b: ir.IRBuilder, lo: ir.Value, hi: ir.Value, body: Callable[[ir.Va
     i.add_incoming(b.add(i, step), b.block)
     b.branch(head)
     b.position_at_end(done)
+
+
+def entry_alloca(b: ir.IRBuilder, t: ir.Type) -> ir.Value:
+    """A stack slot allocated once, in the function's entry block: mem2reg turns such slots (accumulators) into
+    registers, and an alloca anywhere else is a dynamic one, taken again each time control passes it — in the thread
+    pool's endless wait loop that leaked 16 bytes of the worker's stack per job until it ran out (a SIGSEGV inside
+    a kernel after about half a million parallel loops)."""
+    entry = b.function.entry_basic_block
+    with b.goto_block(entry):
+        if entry.instructions:
+            b.position_before(entry.instructions[0])
+        return b.alloca(t)

@@ -23,6 +23,8 @@ import os
 
 from llvmlite import ir
 
+from kiln.codegen.loops import entry_alloca
+
 I1, I32, I64 = ir.IntType(1), ir.IntType(32), ir.IntType(64)
 PTR = ir.PointerType()
 CHUNK_FN = ir.FunctionType(ir.VoidType(), [PTR, I64])
@@ -36,17 +38,6 @@ def _g(m: ir.Module, name: str, t: ir.Type, init: int | None = 0) -> ir.GlobalVa
     g.initializer = ir.Constant(t, init if not isinstance(t, ir.PointerType) else None)
     g.linkage = "internal"
     return g
-
-
-def entry_alloca(b: ir.IRBuilder, t: ir.Type) -> ir.Value:
-    """A stack slot allocated once, in the function's entry block. An alloca anywhere else is a dynamic one, taken
-    again each time control passes it: in the worker's endless wait loop that leaked 16 bytes of stack per job, and
-    after about half a million parallel loops the worker's 8 MiB stack ran out (a SIGSEGV inside a kernel)."""
-    entry = b.function.entry_basic_block
-    with b.goto_block(entry):
-        if entry.instructions:
-            b.position_before(entry.instructions[0])
-        return b.alloca(t)
 
 
 def la(b: ir.IRBuilder, g: ir.GlobalVariable, order: str, align: int) -> ir.Value:

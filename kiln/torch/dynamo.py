@@ -145,6 +145,15 @@ class KilnGraph:
         self.frozen = _frozen(example_inputs)
         self.variants: dict[tuple, _Variant] = {}
         self.symbolic: _Variant | None = None  # compiled once for every size within the symbols' bounds
+        # Kiln symbol → (argument, axis) holding its value in a call (axis None: the argument is the size itself)
+        self.sources: dict[str, tuple[int, int | None]] = {}
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        for i, node in enumerate(placeholders):
+            val = node.meta.get("example_value")
+            dims = enumerate(val.shape) if isinstance(val, torch.Tensor) else [(None, val)]
+            for axis, d in dims:
+                if isinstance(d, torch.SymInt) and d.node.expr.is_Symbol:
+                    self.sources.setdefault(self.symbols.names[str(d.node.expr)], (i, axis))
         _STATS["graphs"] += 1
         if self.symbols.names:
             try:
@@ -160,20 +169,12 @@ class KilnGraph:
 
     def _sizes(self, args: tuple[Any, ...] | list[Any]) -> dict[str, int]:
         """The value of each Kiln symbol in this call, read from the arguments dynamo passes (the tensors' sizes
-        and the SymInts it passes as ints)."""
-        out: dict[str, int] = {}
-        placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
-        for node, a in zip(placeholders, args):
-            val = node.meta.get("example_value")
-            pairs = zip(val.shape, a.shape) if isinstance(val, torch.Tensor) and isinstance(a, torch.Tensor) else \
-                [(val, a)] if isinstance(val, torch.SymInt) else []
-            for d, n in pairs:
-                if isinstance(d, torch.SymInt) and d.node.expr.is_Symbol:
-                    out[self.symbols.names[str(d.node.expr)]] = int(n)
-        return out
+        and the SymInts it passes as ints) where `self.sources` found them."""
+        return {name: int(args[i] if axis is None else args[i].shape[axis]) for name, (i, axis) in self.sources.items()}
 
     def _fits(self, args: tuple[Any, ...]) -> bool:
-        return all(lo <= self._sizes(args).get(name, lo) <= hi for name, (lo, hi) in self.symbols.bounds.items())
+        sizes = self._sizes(args)
+        return all(lo <= sizes.get(name, lo) <= hi for name, (lo, hi) in self.symbols.bounds.items())
 
     def _key(self, args: list[Any] | tuple[Any, ...]) -> tuple:
         return tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else a

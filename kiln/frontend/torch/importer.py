@@ -311,9 +311,7 @@ def _symbolic_args(args: Any) -> bool:
         return _symbolic_args(list(args.values()))
     if isinstance(args, (list, tuple)):
         return any(_symbolic_args(a) for a in args)
-    if isinstance(args, Value):
-        return not all(symbolic.is_static(d) for d in args.shape)
-    return isinstance(args, sympy.Basic)
+    return isinstance(args, sympy.Basic)  # (a Value here is a constant: its shape is static)
 
 
 def _conform(cx: AtenCtx, got: Any) -> Any:
@@ -455,8 +453,7 @@ def import_aten(program: AtenProgram) -> Graph:
 def _check_bindable(graph: Graph) -> None:
     """Every symbol a value's shape uses is a dim of some input: the executable binds symbols from its inputs'
     shapes. Only those symbols keep bounds."""
-    bound = {n for v in graph.inputs for d in v.shape if not symbolic.is_static(d) and getattr(d, "is_Symbol", False)
-             for n in symbolic.free_symbols(d)}
+    bound = {d.name for v in graph.inputs for d in v.shape if getattr(d, "is_Symbol", False)}
     graph.bounds = {n: b for n, b in graph.bounds.items() if n in bound}
     for v in graph.values():
         loose = symbolic.free_symbols(v.shape) - bound
