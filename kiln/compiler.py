@@ -8,6 +8,7 @@ import gc
 import hashlib
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -117,7 +118,7 @@ def lower_graph(graph: Graph, target: Target, num_threads: int, options: dict[st
     """Steps 2–9 of `lower` on a graph that is already imported (and has its strategies assigned)."""
     from kiln.codegen.jit import emit_object, optimize
     from kiln.codegen.module import build_module_text
-    from kiln.codegen.split import build_objects, split_kernels
+    from kiln.codegen.split import split_kernels, start_units
     from kiln.graph.passes import run_graph_passes
     from kiln.kernel.build import build_program
     from kiln.kernel.dynamic import DynamicDims
@@ -148,17 +149,23 @@ def lower_graph(graph: Graph, target: Target, num_threads: int, options: dict[st
             names.append(f"{k.name}.{b.name}")
             prog.buffers[names[-1]] = b
     tr("kernels", prog)
-    plan = plan_memory(prog, reuse=options.get("memory_reuse", True))       # 5. static memory plan
-    if dims is not None:                                                     #    (symbolic: at the upper bounds)
-        check_dynamic_arena(plan.arena_bytes, dims)
+    units = split_kernels(prog, jobs if stop_after == "object" else 1, bounds_check)  # 5. kernels → compile units
+    building = start_units(prog, units, target, jobs) if len(units) > 1 else None  # forked: IR, -O3, object each
+    try:
+        plan = plan_memory(prog, reuse=options.get("memory_reuse", True))   # 6. static memory plan (meanwhile)
+        if dims is not None:                                                 #    (symbolic: at the upper bounds)
+            check_dynamic_arena(plan.arena_bytes, dims)
+    except BaseException:
+        if building:
+            building.close()
+        raise
     out.program, out.plan = prog, plan
     lap("lower")
     if stop_after == "kernels":
         return out
-    units = split_kernels(prog, jobs if stop_after == "object" else 1, bounds_check)  # 6. kernels → compile units
-    if len(units) > 1:                                                       # 7–9. per unit, over `jobs` processes:
-        out.objs, out.kernel_functions, cpu = build_objects(prog, plan, units, target, jobs)  # IR, -O3, object
-        lap("codegen+llvm")                                                  #      + the entry module kiln_main
+    if building:                                                             # 7–9. the entry module kiln_main here,
+        out.objs, out.kernel_functions, cpu = building.finish(plan)          #      the units' objects collected
+        lap("codegen+llvm")
         times.update({f"{k}_cpu": v for k, v in cpu.items()})
         return out
     out.llvm_ir, out.kernel_functions = build_module_text(prog, plan, target, bounds_check)  # 7. ONE LLVM module
@@ -319,6 +326,7 @@ def _compile(proto: onnx.ModelProto | AtenProgram, identity: bytes, tgt: Target,
         key = _cache_key(identity, tgt, threads, opts, input_shapes, strategy,
                          strategies, bounds_check, tuned, precision, dynamic_bounds)
         path = os.path.join(cache_dir(), key + ".kiln")
+        _finish_saving(path)  # this process may still be writing it
         if os.path.exists(path):
             try:
                 exe = Executable.load(path, num_threads=threads)
@@ -332,11 +340,41 @@ def _compile(proto: onnx.ModelProto | AtenProgram, identity: bytes, tgt: Target,
               bounds_check=bounds_check, tuning=db, precision=precision, dynamic_bounds=dynamic_bounds,
               jobs=compile_jobs())
     exe = executable_of(c, tgt, threads, bounds_check)
-    if path:
-        tmp = f"{path}.{os.getpid()}.tmp"
+    if path:  # written while the caller runs the model: resnet50's 100 MB of weights take ~0.3 s to write
+        saving = threading.Thread(target=_save_to_cache, args=(exe, path), name="kiln-cache-save")
+        _SAVING[path] = saving
+        saving.start()
+    return exe
+
+
+_SAVING: dict[str, threading.Thread] = {}  # cache entries being written by this process
+
+
+def _save_to_cache(exe: Any, path: str) -> None:
+    """Write the entry under a temporary name, then rename: another process sees no entry or a whole one. Not a
+    daemon thread, so the interpreter finishes the write before it exits; a failed write (a full disk) only loses
+    the entry."""
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    try:
         exe.save(tmp)
         os.replace(tmp, path)
-    return exe
+    except OSError as e:
+        import logging
+        logging.getLogger("kiln").warning("could not write the compile cache entry %s: %s", path, e)
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+
+
+def _finish_saving(path: str) -> None:
+    saving = _SAVING.pop(path, None)
+    if saving is not None:
+        saving.join()
+
+
+def finish_cache_writes() -> None:
+    """Wait until every compile cache entry this process started writing is on disk."""
+    for path in list(_SAVING):
+        _finish_saving(path)
 
 
 def _int8_meta(g: Graph, tgt: Target) -> str | None:

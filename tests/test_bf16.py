@@ -26,6 +26,7 @@ from onnx import helper
 import kiln
 from conftest import C, make_model, op_model, rand, run_kiln, run_ort
 from kiln.codegen.dpbf16 import dpbf16_widths
+from kiln.compiler import finish_cache_writes
 from kiln.graph.passes.pack_weights import MIN_N
 from kiln.graph.passes.precision import pairs_only
 from kiln.runtime.amx import usable
@@ -257,6 +258,7 @@ def test_precision_in_cache_key(tmp_path, monkeypatch) -> None:
     a = kiln.compile(model, num_threads=2).run(feeds)[0]
     b = kiln.compile(model, num_threads=2, precision="bf16").run(feeds)[0]
     assert not np.array_equal(a, b)
+    finish_cache_writes()
     assert len(list(tmp_path.glob("*.kiln"))) == 2
 
 

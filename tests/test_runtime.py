@@ -10,6 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import kiln
+from kiln.compiler import finish_cache_writes
 
 
 def small_model(op: str = "Relu", opset: int = 17, **attrs: object) -> onnx.ModelProto:
@@ -91,11 +92,13 @@ def test_compile_cache_hit_is_fast_and_equal(tmp_path, monkeypatch) -> None:  # 
     t = time.perf_counter()
     b = kiln.compile(model, num_threads=2)
     warm = time.perf_counter() - t
+    finish_cache_writes()
     assert len(os.listdir(tmp_path)) == 1
     feeds = zoo.inputs("resnet18")
     np.testing.assert_array_equal(a.run(feeds)[0], b.run(feeds)[0])
     assert warm < cold  # the second compile loads the cached object instead of running LLVM
     c = kiln.compile(model, num_threads=2, fusion=False)  # other options: another cache entry
+    finish_cache_writes()
     assert len(os.listdir(tmp_path)) == 2
     np.testing.assert_allclose(c.run(feeds)[0], a.run(feeds)[0], rtol=1e-4, atol=1e-4)
 
