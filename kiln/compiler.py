@@ -329,7 +329,7 @@ def _compile(proto: onnx.ModelProto | AtenProgram, identity: bytes, tgt: Target,
         _finish_saving(path)  # this process may still be writing it
         if os.path.exists(path):
             try:
-                exe = Executable.load(path, num_threads=threads)
+                exe = Executable.load(path, num_threads=threads, map_weights=True)
                 exe.cached = True
                 return exe
             except ValueError:
@@ -351,18 +351,14 @@ _SAVING: dict[str, threading.Thread] = {}  # cache entries being written by this
 
 
 def _save_to_cache(exe: Any, path: str) -> None:
-    """Write the entry under a temporary name, then rename: another process sees no entry or a whole one. Not a
-    daemon thread, so the interpreter finishes the write before it exits; a failed write (a full disk) only loses
-    the entry."""
-    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    """`save` writes under a temporary name, then renames: another process sees no entry or a whole one. Not a daemon
+    thread, so the interpreter finishes the write before it exits; a failed write (a full disk) only loses the
+    entry."""
     try:
-        exe.save(tmp)
-        os.replace(tmp, path)
+        exe.save(path)
     except OSError as e:
         import logging
         logging.getLogger("kiln").warning("could not write the compile cache entry %s: %s", path, e)
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
 
 
 def _finish_saving(path: str) -> None:

@@ -67,8 +67,10 @@ def test_load_rejects_garbage(tmp_path) -> None:  # noqa: ANN001
         kiln.load(str(p))
 
 
-def test_load_rejects_damaged_weights(exe: kiln.Executable, tmp_path) -> None:  # noqa: ANN001
-    """The weights are read straight into their aligned buffer, still under their CRC: a flipped byte is an error."""
+@pytest.mark.parametrize("map_weights", [False, True])
+def test_load_rejects_damaged_weights(exe: kiln.Executable, tmp_path, map_weights: bool) -> None:  # noqa: ANN001
+    """The weights are read straight into their aligned buffer, or mapped, still under their CRC: a flipped byte is an
+    error."""
     import zipfile
     path = tmp_path / "m.kiln"
     exe.save(str(path))
@@ -79,7 +81,44 @@ def test_load_rejects_damaged_weights(exe: kiln.Executable, tmp_path) -> None:  
     data[start + info.file_size // 2] ^= 0x40
     path.write_bytes(bytes(data))
     with pytest.raises(ValueError, match="CRC"):
-        kiln.load(str(path))
+        kiln.Executable.load(str(path), map_weights=map_weights)
+
+
+def test_weights_are_page_aligned_in_the_file_and_mapped(tmp_path) -> None:  # noqa: ANN001
+    """The compile cache maps an entry's weights from the file (no copy into fresh memory): the member starts on a
+    page, the mapping is what the kernels read, and the outputs are the same as from a read copy."""
+    import mmap
+    import zipfile
+    model = small_model()
+    exe = kiln.compile(model, num_threads=2, cache=False)
+    path = tmp_path / "m.kiln"
+    exe.save(str(path))
+    with zipfile.ZipFile(path) as z:
+        info = z.getinfo("weights.bin")
+    assert (info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)) % 4096 == 0
+    mapped, read = (kiln.Executable.load(str(path), map_weights=m) for m in (True, False))
+    def is_mapped(e: kiln.Executable) -> bool:  # np.frombuffer keeps a memoryview of the mapping as the base
+        return isinstance(getattr(e._weights.base, "obj", None), mmap.mmap)
+    assert is_mapped(mapped) and not is_mapped(read)
+    x = np.random.default_rng(3).standard_normal((2, 19)).astype(np.float32)
+    np.testing.assert_array_equal(mapped.run({"x": x})[0], read.run({"x": x})[0])
+    np.testing.assert_array_equal(mapped.run({"x": x})[0], exe.run({"x": x})[0])
+
+
+def test_saving_over_a_mapped_file_leaves_its_executable_intact(tmp_path) -> None:  # noqa: ANN001
+    """save() renames a new file over the old one instead of truncating it: an executable whose weights are mapped
+    from the old file (it would die of SIGBUS on a truncated one) keeps computing with its own weights."""
+    path = str(tmp_path / "m.kiln")
+    kiln.compile(small_model(), num_threads=2, cache=False).save(path)
+    first = kiln.Executable.load(path, map_weights=True)
+    other = small_model()
+    other.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.full(19, 5.0, np.float32), "w"))
+    kiln.compile(other, num_threads=2, cache=False).save(path)
+    x = np.random.default_rng(4).standard_normal((2, 19)).astype(np.float32)
+    np.testing.assert_allclose(first.run({"x": x})[0], np.maximum(x + np.linspace(-1, 1, 19, dtype=np.float32), 0),
+                               rtol=1e-6)
+    np.testing.assert_allclose(kiln.load(path).run({"x": x})[0], np.maximum(x + 5.0, 0), rtol=1e-6)
+    assert [f for f in os.listdir(tmp_path) if f != "m.kiln"] == []  # no temporary file left behind
 
 
 def test_compile_cache_hit_is_fast_and_equal(tmp_path, monkeypatch) -> None:  # noqa: ANN001
