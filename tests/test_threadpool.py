@@ -110,3 +110,33 @@ def test_the_pool_object_is_cached_and_a_damaged_one_rebuilt(tmp_path) -> None: 
         with open(path, "rb") as f:
             digest, obj = f.read(32), f.read()
         assert hashlib.sha256(obj).digest() == digest  # (after the damage: rebuilt and rewritten)
+
+
+def test_each_chunk_runs_once_and_threads_start_on_their_own_segments() -> None:
+    """kiln_parallel hands participant p the p-th contiguous segment of the chunks first and lets it steal the others'
+    from their back: every chunk runs exactly once for any chunk and thread count; and with chunks that take a while,
+    the caller runs the first chunks and the worker the first of the second half (so a thread computes the same part
+    of an image in every layer, schedule/tile.py `_thread_parts`)."""
+    import ctypes
+    import time
+
+    from kiln.runtime.threadpool import PARALLEL_T, pool_address
+
+    parallel = PARALLEL_T(pool_address())
+    chunk_fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64)
+    for threads in (1, 2, 3, 5, 2):
+        for chunks in (0, 1, 2, 3, 7, 64, 257):
+            ran: list[tuple[int, int]] = []
+            lock = threading.Lock()
+
+            def record(ctx: int, c: int) -> None:
+                with lock:
+                    ran.append((c, threading.get_ident()))
+                if chunks == 64:
+                    time.sleep(1e-3)
+            fn = chunk_fn(record)
+            parallel(ctypes.cast(fn, ctypes.c_void_p), None, chunks, threads)
+            assert sorted(c for c, _ in ran) == list(range(chunks)), (threads, chunks)
+            if threads == 2 and chunks == 64:
+                by = dict(ran)
+                assert by[0] == threading.get_ident() and by[32] != by[0], "segments not taken by their owners"

@@ -51,7 +51,7 @@ def lower_winograd_product(n: Node) -> Lowered:
     body = Reduce("sum", ((cib, vv.shape[3]), (ci, vv.shape[5])),
                   Load(vv.name, (b, r, c, cib, t, ci), vv.dtype) * Load(u.name, (r, c, cob, cib, ci, co), u.dtype))
     hints = {"nr": n.attrs["nr"], "n_axis": -1, "m_axis": -2, "in_block": vv.shape[5], "out_block": n.attrs["nr"],
-             "block_axis": 3}
+             "block_axis": 3, "rows_outer": True}
     return Lowered([Compute(m.name, ax, m.shape, body, hints=hints)])
 
 

@@ -2,11 +2,16 @@
 
     kiln_parallel(fn, ctx, chunks, nthreads)   runs fn(ctx, c) for c in [0, chunks) on up to nthreads threads
 
-The caller works too, taking chunks from the same atomic counter as the pool's threads, and waits only
-for chunks in progress — never for a thread that has not started. On this shared 2-core machine that is
-the difference that matters: when the other core is busy a fork/join pool (OpenMP's barrier) stalls every
-parallel loop until the descheduled worker runs again (measured: a 0.2 ms depthwise conv took 16 ms),
-while here the caller simply finishes the loop alone.
+The caller works too, and waits only for chunks in progress — never for a thread that has not started. On this
+shared 2-core machine that is the difference that matters: when the other core is busy a fork/join pool (OpenMP's
+barrier) stalls every parallel loop until the descheduled worker runs again (measured: a 0.2 ms depthwise conv took
+16 ms), while here the caller simply finishes the loop alone.
+
+Each participant (the caller 0, worker i as i + 1) first takes the chunks of its own contiguous segment, then steals
+the others' from their back: the same thread computes the same rows of an image in every layer (schedule/tile.py
+`_thread_parts`). That matters when the host puts the two vCPUs on different L3s (a cache line between them ~330 ns
+instead of ~60): with one shared counter any chunk went to either thread, and resnet18 ran 19.7 ms there instead of
+13.1; with segments and row parts, 14.7.
 
 Callers are serialized by a spin lock (two models may run at once from two Python threads: ctypes drops
 the GIL). Synchronisation: one 64-bit state word = gen << 32 | holders << 1 | open. A worker joins the open job by
@@ -49,7 +54,7 @@ def build_module() -> ir.Module:
     m = ir.Module("kiln_threadpool")
     state, gen32, sleepers = _g(m, "state", I64), _g(m, "gen32", I32), _g(m, "sleepers", I32)
     fn_g, ctx_g = _g(m, "job_fn", I64), _g(m, "job_ctx", I64)  # pointers kept as integers (atomic i64)
-    total_g, next_g, done_g, limit_g = (_g(m, n, I64) for n in ("job_total", "job_next", "job_done", "job_limit"))
+    total_g, done_g, limit_g = (_g(m, n, I64) for n in ("job_total", "job_done", "job_limit"))
     nworkers = _g(m, "nworkers", I32)
     busy = _g(m, "busy", I32)  # one job at a time: callers from several threads (two models run at once) queue
     cpus_t = ir.ArrayType(I32, MAX_WORKERS + 1)
@@ -68,20 +73,53 @@ def build_module() -> ir.Module:
         b.position_at_end(blocks[0])
         return blocks
 
-    # run_chunks(): take chunks until none are left
-    run = ir.Function(m, ir.FunctionType(ir.VoidType(), []), "run_chunks")
+    # run_chunks(p): participant p (the caller 0, worker i: i + 1) takes the chunks of its own segment — the p-th of
+    # `job_parts` equal parts of [0, chunks) — from the front, then steals the other segments' from their back; it adds
+    # how many it ran to job_done once, when none are left. Each segment's counter is one word on its own cache line:
+    # front count | back count << 32, so owner and thief claim by one atomic add each and a chunk is valid while
+    # front + back < the segment's length.
+    seg_t = ir.ArrayType(ir.ArrayType(I64, 8), MAX_WORKERS + 1)
+    segs = ir.GlobalVariable(m, seg_t, "segments")
+    segs.initializer = ir.Constant(seg_t, None)
+    segs.linkage = "internal"
+    segs.align = 64
+    parts_g = _g(m, "job_parts", I64)
+    run = ir.Function(m, ir.FunctionType(ir.VoidType(), [I64]), "run_chunks")
     run.linkage = "internal"
     b = ir.IRBuilder(run.append_basic_block("entry"))
-    head, body, done = loop(b, "take")
-    i = b.atomic_rmw("add", next_g, ir.Constant(I64, 1), "monotonic")
+    me = run.args[0]
+    parts = la(b, parts_g, "monotonic", 8)
     total = la(b, total_g, "monotonic", 8)
-    b.cbranch(b.icmp_signed("<", i, total), body, done)
-    b.position_at_end(body)
+    ran, k = entry_alloca(b, I64), entry_alloca(b, I64)
+    b.store(ir.Constant(I64, 0), ran)
+    b.store(ir.Constant(I64, 0), k)
+    s_head, s_body, s_done = loop(b, "segment")
+    kv = b.load(k, typ=I64)
+    b.cbranch(b.icmp_signed("<", kv, parts), s_body, s_done)
+    b.position_at_end(s_body)
+    q = b.srem(b.add(b.srem(me, parts), kv), parts)
+    # segment q = [⌈q·n/P⌉, ⌈(q+1)·n/P⌉): with fewer chunks than participants the first ones hold a chunk each
+    round_up = b.sub(parts, ir.Constant(I64, 1))
+    lo = b.sdiv(b.add(b.mul(q, total), round_up), parts)
+    seg_len = b.sub(b.sdiv(b.add(b.mul(b.add(q, ir.Constant(I64, 1)), total), round_up), parts), lo)
+    counter = b.gep(segs, [ir.Constant(I32, 0), q, ir.Constant(I32, 0)])
+    own = b.icmp_signed("==", kv, ir.Constant(I64, 0))
+    step = b.select(own, ir.Constant(I64, 1), ir.Constant(I64, 1 << 32))
+    t_head, t_body, t_done = loop(b, "take")
+    old = b.atomic_rmw("add", counter, step, "monotonic")
+    front, back = b.and_(old, ir.Constant(I64, 0xFFFFFFFF)), b.lshr(old, ir.Constant(I64, 32))
+    b.cbranch(b.icmp_signed("<", b.add(front, back), seg_len), t_body, t_done)
+    b.position_at_end(t_body)
+    chunk = b.select(own, b.add(lo, front), b.sub(b.add(lo, b.sub(seg_len, ir.Constant(I64, 1))), back))
     fnp = b.inttoptr(la(b, fn_g, "monotonic", 8), ir.PointerType(CHUNK_FN))  # typed for the indirect call
-    b.call(fnp, [b.inttoptr(la(b, ctx_g, "monotonic", 8), PTR), i])
-    b.atomic_rmw("add", done_g, ir.Constant(I64, 1), "release")
-    b.branch(head)
-    b.position_at_end(done)
+    b.call(fnp, [b.inttoptr(la(b, ctx_g, "monotonic", 8), PTR), chunk])
+    b.store(b.add(b.load(ran, typ=I64), ir.Constant(I64, 1)), ran)
+    b.branch(t_head)
+    b.position_at_end(t_done)
+    b.store(b.add(kv, ir.Constant(I64, 1)), k)
+    b.branch(s_head)
+    b.position_at_end(s_done)
+    b.atomic_rmw("add", done_g, b.load(ran, typ=I64), "release")
     b.ret_void()
 
     # worker(arg): wait for a new generation, join the open job if there is room, run chunks, leave
@@ -90,11 +128,11 @@ def build_module() -> ir.Module:
     b = ir.IRBuilder(worker.append_basic_block("entry"))
     # pin worker i to CPU i+1 of the process's CPUs: unpinned, the kernel wakes it onto the caller's CPU
     # (measured: a 2-thread mobilenetv2 ran at 1-thread speed after every idle gap)
+    idx = b.trunc(b.ptrtoint(worker.args[0], I64), I32)
     n_cpu = b.load(ncpus, typ=I32)
     pin, pinned = b.append_basic_block("pin"), b.append_basic_block("pinned")
     b.cbranch(b.icmp_signed(">", n_cpu, ir.Constant(I32, 1)), pin, pinned)
     b.position_at_end(pin)
-    idx = b.trunc(b.ptrtoint(worker.args[0], I64), I32)
     slot = b.srem(b.add(idx, ir.Constant(I32, 1)), n_cpu)
     cpu = b.load(b.gep(cpus, [ir.Constant(I32, 0), slot]), typ=I32)
     mask_t = ir.ArrayType(I64, 16)  # 1024 CPUs
@@ -140,7 +178,10 @@ def build_module() -> ir.Module:
     s = la(b, state, "acquire", 8)
     is_open = b.icmp_unsigned("!=", b.and_(s, ir.Constant(I64, 1)), ir.Constant(I64, 0))
     holders = b.and_(b.lshr(s, ir.Constant(I64, 1)), ir.Constant(I64, 0x7FFFFFFF))
-    room = b.icmp_signed("<", holders, la(b, limit_g, "monotonic", 8))
+    # room for this worker: below the job's thread limit, and its participant id a part of the job's chunks (worker
+    # i is participant i + 1: a worker left from an earlier job with more threads does not take a lower one's part)
+    limit = la(b, limit_g, "monotonic", 8)
+    room = b.and_(b.icmp_signed("<", holders, limit), b.icmp_signed("<", b.zext(idx, I64), limit))
     b.cbranch(b.and_(is_open, room), join_try, join_out)
     b.position_at_end(join_try)
     pair = b.cmpxchg(state, s, b.add(s, ir.Constant(I64, 2)), "acq_rel", "acquire")
@@ -148,7 +189,7 @@ def build_module() -> ir.Module:
     work = b.append_basic_block("work")
     b.cbranch(joined, work, join_head)
     b.position_at_end(work)
-    b.call(run, [])
+    b.call(run, [b.add(b.zext(idx, I64), ir.Constant(I64, 1))])
     b.atomic_rmw("sub", state, ir.Constant(I64, 2), "release")
     b.branch(wait_head)
     b.position_at_end(join_out)
@@ -168,7 +209,8 @@ def build_module() -> ir.Module:
     want = b.sext(b.sub(nthreads, ir.Constant(I32, 1)), I64)           # helpers besides the caller
     want = b.select(b.icmp_signed("<", want, ir.Constant(I64, MAX_WORKERS)), want, ir.Constant(I64, MAX_WORKERS))
     # create missing workers (only ever grows)
-    tid = entry_alloca(b, I64)
+    tid, zk = entry_alloca(b, I64), entry_alloca(b, I64)
+    b.store(ir.Constant(I64, 0), zk)
     c_head, c_body, c_done = loop(b, "spawn")
     have = b.sext(b.load(nworkers, typ=I32), I64)
     b.cbranch(b.icmp_signed("<", have, want), c_body, c_done)
@@ -181,7 +223,16 @@ def build_module() -> ir.Module:
     b.store_atomic(b.ptrtoint(fn, I64), fn_g, "monotonic", 8)
     b.store_atomic(b.ptrtoint(ctx, I64), ctx_g, "monotonic", 8)
     b.store_atomic(chunks, total_g, "monotonic", 8)
-    b.store_atomic(ir.Constant(I64, 0), next_g, "monotonic", 8)
+    parts = b.add(want, ir.Constant(I64, 1))
+    b.store_atomic(parts, parts_g, "monotonic", 8)
+    z_head, z_body, z_done = loop(b, "zero")
+    zi = b.load(zk, typ=I64)
+    b.cbranch(b.icmp_signed("<", zi, parts), z_body, z_done)
+    b.position_at_end(z_body)
+    b.store_atomic(ir.Constant(I64, 0), b.gep(segs, [ir.Constant(I32, 0), zi, ir.Constant(I32, 0)]), "monotonic", 8)
+    b.store(b.add(zi, ir.Constant(I64, 1)), zk)
+    b.branch(z_head)
+    b.position_at_end(z_done)
     b.store_atomic(ir.Constant(I64, 0), done_g, "monotonic", 8)
     b.store_atomic(want, limit_g, "monotonic", 8)
     old = la(b, state, "monotonic", 8)
@@ -194,7 +245,7 @@ def build_module() -> ir.Module:
     b.call(syscall, [ir.Constant(I64, SYS_FUTEX), gen32, ir.Constant(I32, FUTEX_WAKE), ir.Constant(I32, MAX_WORKERS)])
     b.branch(go)
     b.position_at_end(go)
-    b.call(run, [])
+    b.call(run, [ir.Constant(I64, 0)])
 
     def wait_until(b: ir.IRBuilder, name: str, cond) -> None:  # noqa: ANN001 - cond(builder) -> i1 (true = done)
         head, body, out = loop(b, name)

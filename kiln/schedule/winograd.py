@@ -1,15 +1,20 @@
 """Schedules of the Winograd transforms (kernel/lower_winograd.py): the transform index unrolled, so its selects
 fold to two to four additions per value and the loads they share are read once; vectors over the channel block.
 
+Tiles are the slower index of each parallel loop (and the product's, tile.py `rows_outer`): with the pool's
+contiguous segments (runtime/threadpool.py) each thread transforms, multiplies and transforms back the same tiles,
+and V and M stay in its own core's caches. When the host puts the two vCPUs on different L3s, a split by channel
+blocks made every V store invalidate a line the other core had read: the input transforms ran 5–9× slower there.
+
     input, V[b, r, c, cib, t, ci]:
-      for (b, cib, t) parallel:
+      for (b, t, cib) parallel:
         if interior(t):  (the tile's 4×4 input patch inside the input: no guards, guards.py)
           for ci in 0..cb vector<L>:
             V[b, 0, 0, cib, t, ci] = d00 − d02 − d20 + d22          # 16 stores, one per (r, c), 16 loads shared
             …
         else: the same with each d a guarded (masked) load
     output, y[b, cob, oh, ow, co] with oh = 2·th + i, ow = 2·tw + j (and the fused epilogue):
-      for (b, cob, th) parallel:
+      for (b, th, cob) parallel:
         for tw:
           for co in 0..nr vector<L>:
             y[b, cob, 2·th, 2·tw, co] = m00 + m01 + m02 + m10 + m11 + m12 + m20 + m21 + m22 (+ bias, …)
@@ -62,7 +67,7 @@ def schedule_winograd(c: Compute, target: Target, threads: int) -> list[Stmt] | 
         found = interior_swap(c.body, {ci: cb})
         if found is not None:
             body = [If(found[1], rename(body, found[0]), body)]
-        return _nest([(b, nb), (cib, ncib), (t, nt)], body, threads)
+        return _nest([(b, nb), (t, nt), (cib, ncib)], body, threads)
     if kind == "output":
         b, cob, oh, ow, co = c.axes
         nb, ncob, h, w, nr = c.extents
@@ -78,5 +83,5 @@ def schedule_winograd(c: Compute, target: Target, threads: int) -> list[Stmt] | 
                     st = If(cmp("<", tw * 2 + j, w), [st])
                 stores.append(st)
         vec = Loop(co, Const(nr, "int64"), stores, "vector", min(lanes, nr), masked=True)
-        return _nest([(b, nb), (cob, ncob), (th, -(-h // 2))], [Loop(tw, Const(-(-w // 2), "int64"), [vec])], threads)
+        return _nest([(b, nb), (th, -(-h // 2)), (cob, ncob)], [Loop(tw, Const(-(-w // 2), "int64"), [vec])], threads)
     return None
