@@ -129,10 +129,11 @@ def test_each_chunk_runs_once_and_threads_start_on_their_own_segments() -> None:
             ran: list[tuple[int, int]] = []
             lock = threading.Lock()
 
-            def record(ctx: int, c: int) -> None:
+            def record(ctx: int, c: int, ran: list = ran, lock: threading.Lock = lock, slow: bool = chunks == 64) \
+                    -> None:
                 with lock:
                     ran.append((c, threading.get_ident()))
-                if chunks == 64:
+                if slow:
                     time.sleep(1e-3)
             fn = chunk_fn(record)
             parallel(ctypes.cast(fn, ctypes.c_void_p), None, chunks, threads)
