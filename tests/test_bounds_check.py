@@ -15,6 +15,7 @@ import kiln
 import kiln.kernel.build
 import kiln.schedule.default as default_schedule
 from conftest import C, check, op_model, rand
+from kiln.compiler import finish_cache_writes
 from kiln.errors import BoundsError
 from kiln.kernel.build import Program
 from kiln.kernel.ir import Assign, Const, Expr, If, Kernel, Load, Local, Loop, Stmt, Store, substitute, walk
@@ -212,6 +213,7 @@ def test_option_is_in_the_cache_key_the_meta_and_saved_files(tmp_path: object, m
     checked = kiln.compile(model, num_threads=2, bounds_check=True)
     assert plain.meta["bounds_check"] is False and checked.meta["bounds_check"] is True
     assert checked.meta["bounds_buffers"] and not plain.meta["bounds_buffers"]
+    finish_cache_writes()
     assert len(list(tmp_path.iterdir())) == 2  # two cache entries, not one served for both
     assert kiln.compile(model, num_threads=2, bounds_check=True).meta["bounds_check"] is True  # from the cache
     path = str(tmp_path / "checked.kiln")
