@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from kiln.kernel.ir import Bin, Compute, Const, Expr, If, Loop, Reduce, Stmt, Store, Var, cmp, substitute, walk
 from kiln.schedule.guards import interior_swap
-from kiln.schedule.primitives import fuse, rename
+from kiln.schedule.primitives import fuse_nest, rename
 from kiln.target import Target
 
 
@@ -32,9 +32,7 @@ def _nest(loops: list[tuple[Var, int]], body: list[Stmt], threads: int) -> list[
     """Loops around `body`, outermost first, fused into one parallel loop."""
     for v, e in reversed(loops):
         body = [Loop(v, Const(e, "int64"), body)]
-    top = body[0]
-    for _ in range(len(loops) - 1):
-        top = fuse(top)
+    top = fuse_nest(body[0], len(loops))
     if threads > 1:
         top.kind = "parallel"
     return [top]
