@@ -342,12 +342,13 @@ def _compile(proto: onnx.ModelProto | AtenProgram, identity: bytes, tgt: Target,
     exe = executable_of(c, tgt, threads, bounds_check)
     if path:  # written while the caller runs the model: resnet50's 100 MB of weights take ~0.3 s to write
         saving = threading.Thread(target=_save_to_cache, args=(exe, path), name="kiln-cache-save")
-        _SAVING[path] = saving
+        _SAVING.setdefault(path, []).append(saving)
         saving.start()
     return exe
 
 
-_SAVING: dict[str, threading.Thread] = {}  # cache entries being written by this process
+_SAVING: dict[str, list[threading.Thread]] = {}  # cache entries being written by this process (two threads may
+# compile the same model at once: both write, the last rename wins)
 
 
 def _save_to_cache(exe: Any, path: str) -> None:
@@ -362,8 +363,7 @@ def _save_to_cache(exe: Any, path: str) -> None:
 
 
 def _finish_saving(path: str) -> None:
-    saving = _SAVING.pop(path, None)
-    if saving is not None:
+    for saving in _SAVING.pop(path, []):
         saving.join()
 
 
