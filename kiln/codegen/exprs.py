@@ -6,7 +6,9 @@ with v becomes one vector load, a uniform one a scalar load broadcast on use, an
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from llvmlite import ir
@@ -123,6 +125,7 @@ class ExprEmitter:
         self._free: dict[Expr, tuple[str, ...] | None] = {}
         self._split: dict[tuple, tuple[Expr, tuple[tuple[str, int], ...]]] = {}
         self._loads: dict[tuple, tuple[ir.Value, bool]] = {}
+        self._flats: dict[tuple, Expr] = {}
 
     # -- helpers -------------------------------------------------------------------------------------------------
     def vtype(self, t: ir.Type) -> ir.Type:
@@ -278,7 +281,16 @@ class ExprEmitter:
 
     def address(self, buf: str, index: tuple[Expr, ...]) -> tuple[ir.Value, str, Expr]:
         ptr, dtype, shape = self.buffers[buf]
-        return ptr, dtype, flat_index(index, shape)
+        return ptr, dtype, self.flat(index, shape)
+
+    def flat(self, index: tuple[Expr, ...], shape: tuple[int, ...]) -> Expr:
+        """flat_index, one expression object per distinct access: an unrolled tile linearizes the same index
+        once per row otherwise, and each fresh tree is hashed in full by the caches it is looked up in."""
+        key = (index, shape)
+        hit = self._flats.get(key)
+        if hit is None:
+            hit = self._flats[key] = flat_index(index, shape)
+        return hit
 
     def load(self, e: Load) -> tuple[ir.Value, bool]:
         ptr, dtype, flat = self.address(e.buf, e.index)
@@ -286,18 +298,17 @@ class ExprEmitter:
         align = elem_bytes(mt)
         c = coef(flat, self.vec.var) if self.vec else 0
         if c == 0:
-            idx = self.index(flat)  # uniform: a scalar even inside a vector loop
-            if self.bounds:
-                val = self.bounds.scalar_load(ptr, idx, mt, align)
+            if self.bounds:  # uniform: a scalar even inside a vector loop
+                val = self.bounds.scalar_load(ptr, self.index(flat), mt, align)
             else:
-                val = self.b.load(self.b.gep(ptr, [idx], source_etype=mt), typ=mt, align=align)
+                val = self.b.load(self.element_ptr(ptr, flat, mt), typ=mt, align=align)
             return self._from_memory(val, dtype), False
         n = self.vec.lanes
         vt = ir.VectorType(mt, n)
         mask = self.vec.mask
         fill = fill_value(vt, dtype)
         if c == 1:
-            p = self.b.gep(ptr, [self._at_base(flat)], source_etype=mt)
+            p = self.element_ptr(ptr, flat, mt)
             if self.bounds:  # drop out-of-bounds lanes: the load becomes a masked one
                 mask = self.bounds.lanes(ptr, self.bounds.progression(self._at_base(flat), 1, n), mask)
             if mask is None:
@@ -398,22 +409,41 @@ class ExprEmitter:
 
     def _at_base(self, flat: Expr) -> ir.Value:
         """The scalar value of `flat` at lane 0."""
+        return self._lane0(self.index, flat)
+
+    def _lane0(self, f: Callable[[Expr], Any], flat: Expr) -> Any:
+        """f(flat) with the vector loop's variable bound to its lane-0 value."""
+        if self.vec is None:
+            return f(flat)
         saved, self.vec = self.vec, None
         self.env[saved.var.name] = saved.base
         try:
-            return self.index(flat)
+            return f(flat)
         finally:
             del self.env[saved.var.name]
             self.vec = saved
 
-    def index(self, flat: Expr) -> ir.Value:
-        """The scalar i64 value of a flat index. Its part affine in unrolled loop variables (bound to constants)
-        becomes one constant offset on a base emitted once per block: a 14-row tile's row r reads base + r·32,
+    def index_parts(self, flat: Expr) -> tuple[ir.Value, int]:
+        """A flat index as (base value, constant offset): its part affine in unrolled loop variables (bound to
+        constants) is the offset, the base is emitted once per block — a 14-row tile's row r reads base + r·32,
         not its own copy of the whole index arithmetic (resnet50: 27k adds in the IR before this)."""
         base, coefs = self.affine_split(flat)
-        v = self.ev(base)[0]
-        off = sum(c * self.env[name].constant for name, c in coefs)
+        return self.ev(base)[0], sum(c * self.env[name].constant for name, c in coefs)
+
+    def index(self, flat: Expr) -> ir.Value:
+        """The scalar i64 value of a flat index (lane 0's inside a vector loop: `_at_base`)."""
+        v, off = self.index_parts(flat)
         return self.b.add(v, ir.Constant(I64, off)) if off else v
+
+    def element_ptr(self, ptr: ir.Value, flat: Expr, mt: ir.Type) -> ir.Value:
+        """&ptr[flat] (lane 0's element inside a vector loop) as a constant-offset gep on a row pointer emitted once
+        per block: one instruction per access of an unrolled tile, not an add and a gep (resnet50: 15k adds)."""
+        v, off = self._lane0(self.index_parts, flat)
+        key = ("row", ptr, v, mt, self.b.block)
+        row = self._emitted.get(key)
+        if row is None:
+            row = self._emitted[key] = self.b.gep(ptr, [v], source_etype=mt)
+        return self.b.gep(row, [ir.Constant(I64, off)], source_etype=mt) if off else row
 
     def affine_split(self, flat: Expr) -> tuple[Expr, tuple[tuple[str, int], ...]]:
         """flat = base + Σ coef·v over the loop variables v bound to constants in which flat is affine."""

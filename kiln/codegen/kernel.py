@@ -25,7 +25,7 @@ from kiln.codegen.scalable import ScalableExprEmitter, loop_is_scalable, reduce_
 from kiln.codegen.scalable import emit_vector_loop as emit_scalable_loop
 from kiln.codegen.scalable import emit_vector_reduce as emit_scalable_reduce
 from kiln.codegen.transpose import transposed_load_group, transposed_store_group
-from kiln.kernel.analysis import coef, flat_index
+from kiln.kernel.analysis import coef
 from kiln.kernel.ir import (
     PARALLEL_MIN_WORK,
     Alloc,
@@ -177,7 +177,7 @@ class KernelEmitter:
         """llvm.prefetch of buf[index]'s line: no bounds check (a prefetch never faults), a uniform index (lane 0
         inside a vector loop)."""
         ptr, dtype, shape = em.buffers[s.buf]
-        flat = flat_index(s.index, shape)
+        flat = em.flat(s.index, shape)
         idx = em._at_base(flat) if em.vec is not None else em.index(flat)
         p = b.gep(ptr, [idx], source_etype=MEMORY[dtype])
         fn = em._decl("llvm.prefetch.p0", ir.VoidType(), [PTR, I32, I32, I32])
@@ -187,7 +187,7 @@ class KernelEmitter:
 
     def store(self, b: ir.IRBuilder, em: ExprEmitter, s: Store) -> None:
         ptr, dtype, shape = em.buffers[s.buf]
-        flat = flat_index(s.index, shape)
+        flat = em.flat(s.index, shape)
         val, is_vec = em.ev(s.value)
         val = em.to_memory(val, dtype)
         mt = MEMORY[dtype]
@@ -199,14 +199,14 @@ class KernelEmitter:
             if em.bounds:
                 em.bounds.scalar_store(val, ptr, em.index(flat), mt, align)
             else:
-                b.store(val, b.gep(ptr, [em.index(flat)], source_etype=mt), align=align)
+                b.store(val, em.element_ptr(ptr, flat, mt), align=align)
             return
         if not is_vec:
             val = em.splat(val)
         c = coef(flat, em.vec.var)
         n, mask = em.vec.lanes, em.vec.mask
         if c == 1:
-            p = b.gep(ptr, [em._at_base(flat)], source_etype=mt)
+            p = em.element_ptr(ptr, flat, mt)
             if em.bounds:  # drop out-of-bounds lanes: the store becomes a masked one
                 mask = em.bounds.lanes(ptr, em.bounds.progression(em._at_base(flat), 1, n), mask)
             if mask is None:
