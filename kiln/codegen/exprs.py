@@ -347,7 +347,7 @@ class ExprEmitter:
                                                   [min(-(-j // c), n - 1) for j in range(n * c)]))
             mask = B.and_(mask, spread)
         fill = fill_value(wide, dtype)
-        p = B.gep(ptr, [self._at_base(flat)], source_etype=mt)
+        p = self.element_ptr(ptr, flat, mt)
         if self.bounds:  # every element the wide load touches, not only the kept ones
             mask = self.bounds.lanes(ptr, self.bounds.progression(self._at_base(flat), 1, n * c), mask)
         fn = self._decl(f"llvm.masked.load.v{n * c}{self._tname(mt)}.p0", wide, [PTR, I32, mw, wide])
@@ -369,7 +369,7 @@ class ExprEmitter:
             mask = self.b.and_(mask, self.vec.mask)
         mt = MEMORY[dtype]
         vt = ir.VectorType(mt, n)
-        p = self.b.gep(ptr, [self._at_base(flat)], source_etype=mt)
+        p = self.element_ptr(ptr, flat, mt)
         fn = self._decl(f"llvm.masked.load.v{n}{self._tname(mt)}.p0", vt, [PTR, I32, ir.VectorType(I1, n), vt])
         fill = self.splat(self.const(Const(e.b.value, dtype)))
         if dtype == "bfloat16":  # the fill in memory form; the loaded lanes widened after

@@ -97,7 +97,7 @@ def dot_operands(em, e, a_flat, b_ptr: ir.Value, b_flat, group: int, elem: ir.In
     word = B.load(B.gep(a_ptr, [em._uniform(a_flat)[0]], source_etype=elem), typ=I32, align=size)
     vt = ir.VectorType(elem, group * n)
     a = B.bitcast(em.splat(word, n), vt)
-    b_at = B.gep(b_ptr, [em._at_base(b_flat)], source_etype=elem)
+    b_at = em.element_ptr(b_ptr, b_flat, elem)
     if vec.mask is None:
         return acc, a, B.load(b_at, typ=vt, align=size)
     per_value = ir.Constant(ir.VectorType(I32, group * n), [i // group for i in range(group * n)])

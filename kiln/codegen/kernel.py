@@ -178,8 +178,7 @@ class KernelEmitter:
         inside a vector loop)."""
         ptr, dtype, shape = em.buffers[s.buf]
         flat = em.flat(s.index, shape)
-        idx = em._at_base(flat) if em.vec is not None else em.index(flat)
-        p = b.gep(ptr, [idx], source_etype=MEMORY[dtype])
+        p = em.element_ptr(ptr, flat, MEMORY[dtype])
         fn = em._decl("llvm.prefetch.p0", ir.VoidType(), [PTR, I32, I32, I32])
         b.call(fn, [p, ir.Constant(I32, int(s.write)), ir.Constant(I32, s.locality), ir.Constant(I32, 1)])
 

@@ -51,7 +51,7 @@ from llvmlite import ir
 from kiln.codegen.exprs import I1, I32, I64, MEMORY, PTR, SCALAR, ExprEmitter, VectorCtx
 from kiln.codegen.loops import emit_loop
 from kiln.codegen.sme import emit_sme_tile, has_sme, match_sme_tile
-from kiln.kernel.analysis import coef, flat_index
+from kiln.kernel.analysis import coef
 from kiln.kernel.ir import (
     Assign,
     Bin,
@@ -380,7 +380,7 @@ class ScalableExprEmitter(ExprEmitter):
             return super().load(e)  # uniform: one scalar load, broadcast where used
         mt = MEMORY[dtype]
         if c == 1:
-            p = self.b.gep(ptr, [self._at_base(flat)], source_etype=mt)
+            p = self.element_ptr(ptr, flat, mt)
             val = self._fill_ints(self._vp_load(p, mt, self.all_true()), mt, self.all_true())
             return self._from_memory(val, dtype), True
         return self._from_memory(self._gather(ptr, flat, mt, self.all_true()), dtype), True
@@ -404,7 +404,7 @@ class ScalableExprEmitter(ExprEmitter):
             return None
         ptr, dtype, flat, mask = access
         mt = MEMORY[dtype]
-        p = self.b.gep(ptr, [self._at_base(flat)], source_etype=mt)
+        p = self.element_ptr(ptr, flat, mt)
         val = self._from_memory(self._vp_load(p, mt, mask), dtype)
         fill = self.splat(self.const(type(e.b)(e.b.value, dtype)))
         return self.b.select(mask, val, fill), True
@@ -413,7 +413,7 @@ class ScalableExprEmitter(ExprEmitter):
         """A vector store (of a value already in memory form) inside a scalable strip: vp.store (unit stride)
         or vp.scatter."""
         ptr, dtype, shape = self.buffers[s_buf]
-        flat = flat_index(index, shape)
+        flat = self.flat(index, shape)
         if not is_vec:
             val = self.splat(val)
         mt = MEMORY[dtype]
@@ -421,7 +421,7 @@ class ScalableExprEmitter(ExprEmitter):
         if c == 0:
             raise AssertionError("vectorized store to a uniform address: bad schedule")
         if c == 1:
-            p = self.b.gep(ptr, [self._at_base(flat)], source_etype=mt)
+            p = self.element_ptr(ptr, flat, mt)
             fn = self._decl(f"llvm.vp.store.{self._vsuffix(mt)}.p0", ir.VoidType(), [val.type, PTR, self.svt(I1), I32])
             self.b.call(fn, [val, p, self.all_true(), self.strip.evl])
             return

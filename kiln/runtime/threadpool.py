@@ -97,7 +97,7 @@ def build_module() -> ir.Module:
     kv = b.load(k, typ=I64)
     b.cbranch(b.icmp_signed("<", kv, parts), s_body, s_done)
     b.position_at_end(s_body)
-    q = b.srem(b.add(b.srem(me, parts), kv), parts)
+    q = b.srem(b.add(me, kv), parts)  # me < parts: a worker joins only if its participant id is within the limit
     # segment q = [⌈q·n/P⌉, ⌈(q+1)·n/P⌉): with fewer chunks than participants the first ones hold a chunk each
     round_up = b.sub(parts, ir.Constant(I64, 1))
     lo = b.sdiv(b.add(b.mul(q, total), round_up), parts)
