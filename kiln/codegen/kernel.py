@@ -331,15 +331,18 @@ class KernelEmitter:
         wb = ir.IRBuilder(worker.append_basic_block("entry"))
         ctx, chunk_id = worker.args
         ptrs = [wb.load(wb.gep(ctx, [ir.Constant(I32, i)], source_etype=PTR), typ=PTR) for i in range(len(args))]
-        size = wb.load(wb.gep(ctx, [ir.Constant(I32, len(args))], source_etype=PTR), typ=I64)
+        n_chunks = wb.load(wb.gep(ctx, [ir.Constant(I32, len(args))], source_etype=PTR), typ=I64)
         em = self.emitter(wb, ptrs)
         total = em.ev(s.extent)[0]
-        lo = wb.mul(chunk_id, size)
-        hi = wb.add(lo, size)
-        hi = wb.select(wb.icmp_signed("<", hi, total), hi, total)
+        # chunk c = [⌊c·total/n⌋, ⌊(c+1)·total/n⌋): sizes differ by at most one iteration, and with n a multiple
+        # of the thread count each thread's segment of chunks is exactly its share of the loop — a loop split
+        # into one part per thread (schedule/tile.py: _thread_parts) keeps its parts (90 tiles in chunks of
+        # ⌈90/8⌉ = 12 gave the threads 48 and 42)
+        lo = wb.sdiv(wb.mul(chunk_id, total), n_chunks)
+        hi = wb.sdiv(wb.mul(wb.add(chunk_id, ir.Constant(I64, 1)), total), n_chunks)
         self.loop(wb, em, Loop(s.var, s.extent, s.body, "serial"), lo, hi)
         wb.ret_void()
-        # caller: pack the buffer pointers and the chunk size, call the pool
+        # caller: pack the buffer pointers and the chunk count, call the pool
         em0 = self.emitter(b, args)
         total = em0.ev(s.extent)[0]
         nthreads = b.load(self.m.globals[NTHREADS_GLOBAL], typ=I32)
@@ -359,17 +362,15 @@ class KernelEmitter:
         # a multiple of the thread count: 9 equal chunks on 2 threads leave one idle for a ninth of the loop
         # (conv_r50_3x3: 9 chunks 1.168 ms, 8 chunks 1.083)
         per = b.mul(b.sdiv(b.add(per, b.sub(nt, ir.Constant(I64, 1))), nt), nt)
-        size = b.sdiv(b.add(total, b.sub(per, ir.Constant(I64, 1))), per)
-        size = b.select(b.icmp_signed(">", size, ir.Constant(I64, 0)), size, ir.Constant(I64, 1))
+        chunks = b.select(b.icmp_signed("<", total, per), total, per)
+        chunks = b.select(b.icmp_signed(">", chunks, ir.Constant(I64, 0)), chunks, ir.Constant(I64, 1))
         if s.work is not None:  # little work this call (run-time extents): one chunk, on this thread
             serial = b.icmp_signed("<", em0.ev(s.work)[0], ir.Constant(I64, PARALLEL_MIN_WORK))
-            size = b.select(serial, b.select(b.icmp_signed(">", total, ir.Constant(I64, 0)), total,
-                                             ir.Constant(I64, 1)), size)
-        chunks = b.sdiv(b.add(total, b.sub(size, ir.Constant(I64, 1))), size)
+            chunks = b.select(serial, ir.Constant(I64, 1), chunks)
         arr = self.entry_alloca(b, ir.ArrayType(PTR, len(args) + 1))
         for i, a in enumerate(args):
             b.store(a, b.gep(arr, [ir.Constant(I32, 0), ir.Constant(I32, i)]))
-        b.store(size, b.gep(arr, [ir.Constant(I32, 0), ir.Constant(I32, len(args))]))
+        b.store(chunks, b.gep(arr, [ir.Constant(I32, 0), ir.Constant(I32, len(args))]))
         pool = b.inttoptr(b.load(self.m.globals[PARALLEL_GLOBAL], typ=I64), ir.PointerType(PARALLEL_FN))
         if s.work is not None:
             with b.if_else(serial) as (then, otherwise):

@@ -372,7 +372,15 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
         # while it is in cache, instead of the whole weight matrix streaming again per batch entry
         outer, extents, order = [no], [n_no] + extents[:-2] + [n_mo], [mo]
     names = outer + [v for v, _ in others] + order
-    names, extents, parted = _thread_parts(c, names, extents, mo, threads, dynamic)
+    # the knob `split_rows`: each thread takes its own part of every panel's row tiles, instead of a contiguous
+    # run of the (panel, row tile) loop — equal shares when the panels cost unequal amounts (a narrow last panel,
+    # below) and a run of the loop would leave it all to one thread; the default where that is the case
+    by_rows = None
+    if threads > 1 and not dynamic and not c.hints.get("rows_outer") and "spatial" not in c.hints \
+            and isinstance(n_mo, int) and n_mo % threads == 0 and n_mo >= 2 * threads and fast == "m":
+        uneven = not is_symbolic(N) and 0 < N % t.nr <= t.nr - t.lanes
+        by_rows = mo if dec.knob("split_rows", uneven, (False, True)) else None
+    names, extents, parted = _thread_parts(c, names, extents, mo, threads, dynamic, by_rows)
     # the knob `block`: tiles of the fastest index per cache block — the slower index then sweeps each block
     # (block < extent: a block of rows stays in L2 while every panel passes, or a block of panels while every
     # row tile does); the default is one block (no blocking)
@@ -452,8 +460,8 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
     streams = [] if packed_panel else streamed_loads(tile_term(False), red_axes[-1][0], ni, mi)
     distance = int(dec.knob("prefetch", 0, PREFETCH_DISTANCES)) if streams else 0
 
-    def tile(edge: bool, term: Expr) -> Loop:
-        """The MR×NR tile; `edge` rows past M read row M−1 (clamped) and are not stored."""
+    def tile(edge: bool, term: Expr, width: int = t.nr, n_ext: Expr = n_ext) -> Loop:
+        """The MR×`width` tile; `edge` rows past M read row M−1 (clamped) and are not stored."""
         acc = f"acc{tag}"
         update: Stmt = Loop(mi, Const(t.mr, "int64"),
                             [Assign(acc, combine("sum", LocalRef(acc, red.dtype, mi), term), mi)], "unroll")
@@ -466,33 +474,45 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
         store: Stmt = Store(c.out, out_idx, epilogue)
         if edge or (packed is not None and M % t.mr):
             store = If(cmp("<", m_expr, as_extent(M)), [store])
+        whole = isinstance(n_ext, Const) and int(n_ext.value) % width == 0
         return Loop(ni, n_ext, [Local(acc, red.dtype, init_value("sum", red.dtype), t.mr), update,
-                                Loop(mi, Const(t.mr, "int64"), [store], "unroll")], "vector", t.nr, masked=True)
+                                Loop(mi, Const(t.mr, "int64"), [store], "unroll")], "vector", width, masked=not whole)
 
-    # full row blocks run a tile without clamps or guards: its MR rows are one base + constant offsets; a tile
-    # that reads only inside a padded input runs without the padding's masks (guards.py)
-    inner = None if dynamic else split_interior(tile_term(False), {mi: t.mr, ni: t.nr, **dict(red_axes)})
-    body_tiles: list[Stmt] = [tile(False, tile_term(False))]
-    if inner is not None:
-        body_tiles = [If(inner[1], [tile(False, inner[0])], body_tiles)]
-    if is_symbolic(M) and packed is None:
-        # run-time rows: every tile is the clamped, guarded one — its FMAs are the full tile's (the clamp and the
-        # guards cost a few instructions per tile, not per step: the 14 clamped row addresses stay in registers, no
-        # spills, and a run-time-rows GEMM measured the same with full tiles unclamped), and a second copy of the
-        # tile doubles compile time
-        tiles: list[Stmt] = [tile(True, tile_term(True))]
-    elif M % t.mr and packed is None:
-        full = cmp("<=", mo * t.mr + t.mr, as_extent(M))
-        tiles: list[Stmt] = [If(full, body_tiles, [tile(True, tile_term(True))])]
+    def tiles_of(width: int, n_ext: Expr) -> list[Stmt]:
+        # full row blocks run a tile without clamps or guards: its MR rows are one base + constant offsets; a tile
+        # that reads only inside a padded input runs without the padding's masks (guards.py)
+        inner = None if dynamic else split_interior(tile_term(False), {mi: t.mr, ni: width, **dict(red_axes)})
+        body_tiles: list[Stmt] = [tile(False, tile_term(False), width, n_ext)]
+        if inner is not None:
+            body_tiles = [If(inner[1], [tile(False, inner[0], width, n_ext)], body_tiles)]
+        if is_symbolic(M) and packed is None:
+            # run-time rows: every tile is the clamped, guarded one — its FMAs are the full tile's (the clamp and
+            # the guards cost a few instructions per tile, not per step: the 14 clamped row addresses stay in
+            # registers, no spills, and a run-time-rows GEMM measured the same with full tiles unclamped), and a
+            # second copy of the tile doubles compile time
+            return [tile(True, tile_term(True), width, n_ext)]
+        if M % t.mr and packed is None:
+            full = cmp("<=", mo * t.mr + t.mr, as_extent(M))
+            return [If(full, body_tiles, [tile(True, tile_term(True), width, n_ext)])]
+        return body_tiles
+
+    # a static N whose last panel needs fewer vectors than NR (N = 257 in 32-wide panels: one useful column):
+    # that panel runs a tile only as wide as its columns' vectors, instead of masking off the rest of an NR tile
+    # whose FMAs would all still run (gemm_odd: 288 → 272 lanes computed per row); the full panels need no masks
+    rem = 0 if is_symbolic(N) else N % t.nr
+    narrow = -(-rem // t.lanes) * t.lanes
+    if rem and narrow < t.nr:
+        last = cmp("==", no, Const(n_no - 1, "int64"))
+        tiles = [If(last, tiles_of(narrow, Const(rem, "int64")), tiles_of(t.nr, Const(t.nr, "int64")))]
     else:
-        tiles = body_tiles
+        tiles = tiles_of(t.nr, n_ext)
     body = rename_tile(tiles, decode)
     kind = "parallel" if threads > 1 and hint(total) > 1 else "serial"
     return pre + [Loop(flat, as_extent(total), body, kind)]
 
 
 def _thread_parts(c: Compute, names: list[Var], extents: list, mo: Var, threads: int,
-                  dynamic: bool) -> tuple[list[Var], list, tuple[Var, Var, Var, int] | None]:
+                  dynamic: bool, by: Var | None = None) -> tuple[list[Var], list, tuple[Var, Var, Var, int] | None]:
     """Split the image's rows into one part per thread, outermost in the parallel loop (a conv: its output rows;
     Winograd's products: the row tiles, which are the image's tiles, hint `rows_outer`). The pool hands each thread
     a contiguous segment of the loop first (runtime/threadpool.py), so a thread computes the same part of the image in
@@ -502,7 +522,9 @@ def _thread_parts(c: Compute, names: list[Var], extents: list, mo: Var, threads:
     ~330 ns instead of ~60). Within a part the order is unchanged. `loop = part · per + within`."""
     if threads <= 1 or dynamic:
         return names, extents, None
-    if c.hints.get("rows_outer"):
+    if by is not None:
+        v = by
+    elif c.hints.get("rows_outer"):
         v = mo
     elif "spatial" in c.hints:
         v = c.axes[c.hints["spatial"][0] % len(c.axes)]
