@@ -51,6 +51,17 @@ def test_non_contiguous_input_is_accepted(exe: kiln.Executable) -> None:
     np.testing.assert_allclose(y, np.maximum(x + np.linspace(-1, 1, 19, dtype=np.float32), 0), rtol=1e-6)
 
 
+def test_read_only_input_is_accepted(exe: kiln.Executable) -> None:
+    """A read-only array (np.frombuffer of bytes) has no writable buffer to take the address from (run's fast
+    path): its address comes through ctypes; the same run on a writable copy agrees, and so does NumPy."""
+    x = np.random.default_rng(2).standard_normal((2, 19)).astype(np.float32)
+    frozen = np.frombuffer(x.tobytes(), dtype=np.float32).reshape(2, 19)
+    assert not frozen.flags.writeable
+    (y,) = exe.run({"x": frozen})
+    np.testing.assert_array_equal(y, exe.run({"x": x.copy()})[0])
+    np.testing.assert_allclose(y, np.maximum(x + np.linspace(-1, 1, 19, dtype=np.float32), 0), rtol=1e-6)
+
+
 def test_save_and_load_without_recompiling(exe: kiln.Executable, tmp_path) -> None:  # noqa: ANN001
     path = str(tmp_path / "m.kiln")
     exe.save(path)
