@@ -232,7 +232,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         report = tune(_model(args.model), budget_s=args.budget_s, db=args.db, per_kernel_s=args.per_kernel_s,
                       target=args.target or "host", num_threads=args.threads, strategy=args.strategy or "direct",
                       ray_address=args.ray_address, workers=args.workers, progress=not args.quiet, seed=args.seed,
-                      retune=args.retune, max_trials=args.max_trials, precision=args.precision, **opts)
+                      retune=args.retune, max_trials=args.max_trials, precision=args.precision,
+                      verify=not args.no_verify, **opts)
     except KeyboardInterrupt:  # Ctrl-C during tune()'s own clean-up (closing the pools): every row is committed
         print("kiln tune: interrupted; the measurements made so far are in the database", file=sys.stderr)
         return 130
@@ -343,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--max-trials", type=int, metavar="N", help="at most N candidates per distinct kernel (a trial "
                    "budget, as MetaSchedule's), within the time budget")
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--no-verify", action="store_true", help="skip step 5: the model built with and without its "
+                   "records, records that make it slower put back to their defaults")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.add_argument("--report", action="store_true",
                    help="no tuning: the cost model's rank correlation on held-out candidates, per kernel class")

@@ -676,3 +676,51 @@ def test_tune_report_table() -> None:
     assert rows[0].startswith("| matmul | aaaaaaaa | 3 | 2 | 1 | 2.00 | 1000 → 2000 | 9 |")
     assert rows[1].startswith("| elementwise | bbbbbbbb | 1 | 0.4 | 0.4 | 1.00 | — | 1 |")
     assert "failed" in rows[2]
+
+
+# -- step 5: the records checked in the model ----------------------------------------------------------------------
+def test_slower_records_counts_the_kernel_after_each_tuned_one() -> None:
+    """A record is charged its kernel's change and the next kernel's (which reads what it wrote)."""
+    from kiln.tune.verify import slower_records
+    order = ["k0", "k1", "k2", "k3"]
+    default = {"k0": 10.0, "k1": 10.0, "k2": 100.0, "k3": 5.0}
+    tuned = {"k0": 9.0, "k1": 12.0, "k2": 90.0, "k3": 5.0}   # k0's record: −1 itself, +2 on k1
+    meta = {"k0": {"sig": "a"}, "k2": {"sig": "b"}}
+    assert slower_records(meta, order, default, tuned) == ["a"]
+    assert slower_records(meta, order, default, default) == []
+
+
+def test_a_record_that_slows_the_model_goes_back_to_its_default(tmp_path) -> None:
+    """A best record with one-row tiles (one broadcast per FMA) is slower in the model than the default: step 5
+    finds it, puts the workload's default back as its best, and the model then compiles without it."""
+    from kiln.tune.verify import model_builder, verify_in_model
+    model, feeds = gemm(192, 512, 256)
+    target = resolve("host")
+    path = str(tmp_path / "t.db")
+    db = db_with_best(path, model, target, lambda s: {"0:mr": 1} if "0:mr" in s.default else None)
+    tkey = target_key(target, 2)
+    w = main_workload(model, target)
+    default = Space(w.kernel, target, 2, {}).default
+    db.add(Measurement(w.sig, tkey, default, "ok", 1e-3, is_default=True))
+    build = model_builder(model, target="host", num_threads=2)
+    assert build(path).meta["tuned"], "the one-row record should apply before step 5"
+    res = verify_in_model(build, db, tkey, "test")
+    assert res.first_tuned_s > res.default_s * 1.01 and res.applied >= 1
+    assert res.reverted == [w.sig]
+    assert db.best(w.sig, tkey).config == default
+    exe = build(path)
+    assert not exe.meta["tuned"]
+    assert_close(exe.run(feeds)[0], run_ort(model, feeds)[0], 1e-4, "y")
+    assert "went back to the default" in res.line()
+    db.close()
+
+
+def test_tune_checks_its_records_in_the_model(tmp_path) -> None:
+    """`tune` ends with step 5: the report says how the model ran with and without its records."""
+    model, _ = gemm(64, 128, 96)
+    report = tune(model, budget_s=6, db=str(tmp_path / "t.db"), per_kernel_s=5, workers="local", progress=False)
+    res = report.in_model
+    assert res is not None and "in the model" in report.table()
+    assert res.note or (res.default_s > 0 and res.tuned_s > 0)
+    skipped = tune(model, budget_s=3, db=str(tmp_path / "t2.db"), workers="local", progress=False, verify=False)
+    assert skipped.in_model is None

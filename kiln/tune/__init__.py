@@ -13,6 +13,7 @@
 | `database.py` | SQLite: every measurement (failures too) and each workload's best, per target |
 | `distributed.py` | candidate compilation on Ray (local by default, or a cluster) |
 | `tuner.py` | the whole model: workloads deduplicated, the budget shared by their weight, progress, Ctrl-C |
+| `verify.py` | step 5 of a tuning run: the model built with and without its records; records that slow it revert |
 | `apply.py` | compiler step 3b: the best records applied to a program's kernels |
 
 This package sits below kiln/compiler.py: the compiler imports it, never the reverse."""

@@ -202,6 +202,12 @@ class TuningDatabase:
                                  (tkey,))
         return {r[0]: Best(json.loads(r[1]), r[2], r[3]) for r in rows}
 
+    def default_of(self, sig: str, tkey: str) -> tuple[dict[str, Any], float] | None:
+        """The workload's default configuration and its latest measured time on this target."""
+        row = self.conn.execute("SELECT config, seconds FROM measurements WHERE sig = ? AND tkey = ? AND "
+                                "is_default = 1 AND status = 'ok' ORDER BY id DESC LIMIT 1", (sig, tkey)).fetchone()
+        return None if row is None else (json.loads(row[0]), row[1])
+
     def fingerprint(self, tkey: str) -> str:
         """What the compile cache keys on: the best records for one target (a new one changes it)."""
         import hashlib

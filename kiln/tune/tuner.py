@@ -6,6 +6,8 @@
     3. give each workload a slice of the budget by that share (at most `per_kernel_s`, none for a negligible
        share), largest first, re-dividing what is left after each; search it (tune/search.py)
     4. every measurement is in the database as it happens; each workload's best when its search ends
+    5. the model built with this target's records and without, run interleaved: records that make it slower
+       there go back to their defaults (tune/verify.py; `verify=False` skips it)
 
 A progress bar (tqdm) shows the workloads done and, for the current one, its best GFLOP/s against the
 default's. Ctrl-C stops the search: what was measured stays in the database, the current workload's best is
@@ -46,6 +48,7 @@ class TuneReport:
     workers: str = ""
     flops: dict[str, float] = field(default_factory=dict, repr=False)   # per signature
     counts: dict[str, int] = field(default_factory=dict, repr=False)    # kernels of the model per signature
+    in_model: Any = None     # tune/verify.py: InModel, the model with and without its records
 
     def table(self) -> str:
         lines = ["| kernel class | sig | × | default ms | tuned ms | speedup | GFLOP/s default → tuned | trials | s |",
@@ -59,6 +62,8 @@ class TuneReport:
             gflops = f"{flops / r.default_s / 1e9:.0f} → {flops / best / 1e9:.0f}" if flops else "—"  # no FMAs
             lines.append(f"| {r.klass} | {r.sig[:8]} | {self.counts.get(r.sig, 1)} | {r.default_s * 1e3:.4g} | "
                          f"{best * 1e3:.4g} | {r.default_s / best:.2f} | {gflops} | {r.trials} | {r.seconds:.0f} |")
+        if self.in_model is not None:
+            lines.append(self.in_model.line())
         return "\n".join(lines)
 
 
@@ -93,7 +98,7 @@ def tune(model: onnx.ModelProto | str | bytes | os.PathLike, budget_s: float = 9
          strategy: str = "direct", ray_address: str | None = None, workers: str = "ray", progress: bool = True,
          seed: int = 0, retune: bool = False, input_shapes: dict[str, Sequence[int]] | None = None,
          measure_timeout_s: float = 30.0, max_trials: int | None = None, precision: str = "fp32",
-         **options: bool) -> TuneReport:
+         verify: bool = True, **options: bool) -> TuneReport:
     """Tune a model's kernels for `target` (this machine, or a narrower x86 width of it) within `budget_s`
     seconds, recording into the tuning database `db` (default: $KILN_CACHE_DIR/tuning.db); `max_trials`: at most
     that many candidates per workload, whatever time is left (a trial budget, as MetaSchedule's). Returns a report;
@@ -173,7 +178,16 @@ def tune(model: onnx.ModelProto | str | bytes | os.PathLike, budget_s: float = 9
             bar.close()
         measurer.close()
         pool.close()
-        database.close()
+        try:
+            if verify and not report.interrupted and sys.exc_info()[0] is None:   # 5. (on a quiet machine)
+                from kiln.tune.verify import model_builder, verify_in_model
+                build = model_builder(proto, target=tgt, num_threads=threads, input_shapes=input_shapes,
+                                      strategy=strategy, precision=precision, **opts)
+                report.in_model = verify_in_model(build, database, tkey, run)
+        except KeyboardInterrupt:
+            report.interrupted = True
+        finally:
+            database.close()
         report.seconds = time.perf_counter() - t_start
     return report
 
@@ -190,6 +204,7 @@ def _default_shares(searches: list[WorkloadSearch]) -> dict[str, float]:
         s.result.default_s = s.measure(b, is_default=True)
         by_sig[s.w.sig] = (s.result.default_s or 0.0) * s.w.count
     total = sum(by_sig.values()) or 1.0
+    c.model_s = total
     return {k: v / total for k, v in by_sig.items()}
 
 

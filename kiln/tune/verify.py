@@ -1,0 +1,166 @@
+"""Step 5 of `kiln tune`: the records checked in the model they were tuned for.
+
+A kernel is searched alone (tune/measure.py): the same call again and again, its data in the caches of the
+threads that touched it last time. In the model, a kernel's inputs were written by the kernel before it, and
+its outputs are read by the kernel after it — by whichever thread each one's schedule gives them to. A knob
+that wins alone can lose there: conv_r50_3x3's layout change into blocks, 16 chunks per thread, measured
+4.5 → 4.0 µs alone, but 19.9 → 24.3 µs in the model and the Winograd input transform after it 16.6 → 18.3,
+the whole model 1.03–1.08× slower than with no record at all.
+
+So after the search, the model is built twice — every record of this target applied, and none — and the two run
+interleaved (idle gaps, medians of rounds). If the tuned build is slower than the default beyond `TOLERANCE`,
+both run again with a per-kernel profile; each record whose kernel, together with the kernel after it, takes
+longer in the tuned build is replaced by its workload's default configuration (its measurements stay in the
+database), and the model is measured again; a model still slower loses the rest of its records. Either way the
+report says what the model measured.
+
+The tune package sits below the compiler, so it does not build models itself: `kiln.compiler` registers its
+`compile` here when it is imported (`register_model_builder`)."""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:  # (kiln.compiler imports this module on every `import kiln`: no sqlite3 for that)
+    from kiln.tune.database import TuningDatabase
+
+TOLERANCE = 0.01   # tuned ÷ default above 1 + this: the records are looked at kernel by kernel
+ROUNDS = 7         # interleaved rounds per comparison
+ROUND_S = 0.15     # each build runs about this long per round (at least 3 calls)
+GAP_S = 0.2        # idle before each batch: one build's pool spinning down is not charged to the other
+
+# builds the model with tuning = "off" or a database path → an object with run(feeds, profile=None), inputs, meta
+ModelBuilder = Callable[[str], Any]
+_builder: Callable[..., Any] | None = None
+
+
+def register_model_builder(compile_fn: Callable[..., Any]) -> None:
+    global _builder
+    _builder = compile_fn
+
+
+@dataclass
+class InModel:
+    default_s: float = 0.0
+    tuned_s: float = 0.0               # the last tuned build's time (after any reverts)
+    first_tuned_s: float = 0.0         # before any revert
+    applied: int = 0                   # kernels of the model that ran tuned schedules at first
+    reverted: list[str] = field(default_factory=list)   # signatures put back to their default
+    note: str = ""
+
+    def line(self) -> str:
+        if self.note:
+            return f"in the model: {self.note}"
+        s = (f"in the model: default {self.default_s * 1e3:.4g} ms, tuned {self.first_tuned_s * 1e3:.4g} ms "
+             f"({self.applied} kernels tuned)")
+        if self.reverted:
+            s += (f"; slower, so {len(self.reverted)} record(s) went back to the default "
+                  f"({', '.join(r[:8] for r in self.reverted)}) → {self.tuned_s * 1e3:.4g} ms")
+        return s
+
+
+def model_builder(model: Any, **compile_kw: Any) -> ModelBuilder:
+    if _builder is None:
+        raise RuntimeError("no model builder registered (kiln.compiler registers kiln.compile when imported)")
+    return lambda tuning: _builder(model, cache=False, tuning=tuning, **compile_kw)
+
+
+def feeds_for(exe: Any, seed: int = 0) -> dict[str, np.ndarray]:
+    """Seeded inputs of the model's shapes: normal floats; integers 0 or 1 (valid ids for any embedding table)."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for s in exe.inputs:
+        dt = np.dtype(s.dtype)
+        out[s.name] = (rng.standard_normal(s.shape).astype(dt) if dt.kind == "f"
+                       else rng.integers(0, 2, size=s.shape).astype(dt))
+    return out
+
+
+def compare(exes: dict[str, Any], feeds: dict[str, np.ndarray], rounds: int = ROUNDS,
+            profile: bool = False) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """Median seconds per run of each build over interleaved rounds (and, with `profile`, per kernel)."""
+    per_call = {}
+    for name, e in exes.items():
+        e.run(feeds)
+        t = time.perf_counter()
+        e.run(feeds)
+        per_call[name] = time.perf_counter() - t
+    calls = {n: max(3, int(ROUND_S / max(s, 1e-6))) for n, s in per_call.items()}
+    totals: dict[str, list[float]] = {n: [] for n in exes}
+    kernels: dict[str, dict[str, list[float]]] = {n: {} for n in exes}
+    for _ in range(rounds):
+        for name, e in exes.items():
+            time.sleep(GAP_S)
+            e.run(feeds)
+            times = []
+            for _ in range(calls[name]):
+                p: dict[str, float] | None = {} if profile else None
+                t = time.perf_counter()
+                e.run(feeds, profile=p)
+                times.append(time.perf_counter() - t)
+                for k, v in (p or {}).items():
+                    kernels[name].setdefault(k, []).append(v)
+            totals[name].append(float(np.median(times)))
+    return ({n: float(np.median(v)) for n, v in totals.items()},
+            {n: {k: float(np.median(v)) for k, v in ks.items()} for n, ks in kernels.items()})
+
+
+def slower_records(tuned_meta: dict[str, dict], order: list[str], default_k: dict[str, float],
+                   tuned_k: dict[str, float]) -> list[str]:
+    """Signatures whose kernel plus the kernel after it (which reads what it wrote) took longer when tuned,
+    summed over the model's kernels of that signature."""
+    delta: dict[str, float] = {}
+    for name, rec in tuned_meta.items():
+        if name not in order:
+            continue
+        i = order.index(name)
+        pair = order[i:i + 2]
+        delta[rec["sig"]] = delta.get(rec["sig"], 0.0) + sum(tuned_k.get(k, 0.0) - default_k.get(k, 0.0) for k in pair)
+    return [sig for sig, d in sorted(delta.items(), key=lambda x: -x[1]) if d > 0]
+
+
+def revert(db: TuningDatabase, sigs: list[str], tkey: str, run: str) -> list[str]:
+    """Each signature's best record := its default configuration (the one measured as the default)."""
+    done = []
+    for sig in sigs:
+        d = db.default_of(sig, tkey)
+        if d is None:
+            continue
+        config, seconds = d
+        db.set_best(sig, tkey, config, seconds, seconds, f"{run}:in-model")
+        done.append(sig)
+    return done
+
+
+def verify_in_model(build: ModelBuilder, db: TuningDatabase, tkey: str, run: str) -> InModel:
+    out = InModel()
+    default = build("off")
+    tuned = build(db.path)
+    out.applied = len(tuned.meta.get("tuned") or {})
+    if not out.applied:
+        out.note = "no kernel runs a tuned schedule (every record is the default)"
+        return out
+    feeds = feeds_for(default)
+    t, _ = compare({"default": default, "tuned": tuned}, feeds)
+    out.default_s, out.tuned_s = t["default"], t["tuned"]
+    out.first_tuned_s = out.tuned_s
+    if out.tuned_s <= out.default_s * (1 + TOLERANCE):
+        return out
+    order = list(default.kernel_names)
+    _, k = compare({"default": default, "tuned": tuned}, feeds, profile=True)
+    out.reverted = revert(db, slower_records(tuned.meta["tuned"], order, k["default"], k["tuned"]), tkey, run)
+    tuned = build(db.path)
+    if tuned.meta.get("tuned"):
+        t, _ = compare({"default": default, "tuned": tuned}, feeds)
+        out.default_s, out.tuned_s = t["default"], t["tuned"]
+        if out.tuned_s > out.default_s * (1 + TOLERANCE):  # still slower: the model keeps none of its records
+            rest = sorted({r["sig"] for r in tuned.meta["tuned"].values()})
+            out.reverted += revert(db, rest, tkey, run)
+            out.tuned_s = out.default_s
+    else:
+        out.tuned_s = out.default_s
+    return out
