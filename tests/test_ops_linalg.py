@@ -21,6 +21,21 @@ MATMUL = [((1, 1), (1, 1)), ((3, 7), (7, 17)), ((17, 33), (33, 5)), ((1, 33), (3
           ((65, 129), (129, 67))]
 
 
+@pytest.mark.parametrize("m,k,n", [(129, 771, 257), (52, 40, 1000), (24, 16, 41)])
+def test_gemm_last_panel_narrower_than_the_tile(m: int, k: int, n: int, width: str) -> None:
+    """N off every panel width (257 = 8·32 + 1, 1000 = 31·32 + 8, 41): the last panel runs a tile only as wide as
+    its columns' vectors, and with an even count of row tiles each thread takes half the row tiles of every panel
+    (schedule/tile.py); the bias is fused into the tile's stores."""
+    a, b, bias = rand(m, k, seed=1), rand(k, n, seed=2), rand(n, seed=3)
+    check_op("Gemm", [a, C(b), C(bias)], rtol=TOL, target=width)
+
+
+def test_conv_by_channels_last_panel_narrower_than_the_tile(width: str) -> None:
+    """1000 output channels in 2-vector panels (by channels: a 3×3 conv): the last panel's 8 channels."""
+    x, w, bias = rand(1, 16, 6, 6, seed=4), rand(1000, 16, 3, 3, seed=5), rand(1000, seed=6)
+    check_op("Conv", [x, C(w), C(bias)], rtol=TOL, attrs={"pads": [1, 1, 1, 1]}, target=width)
+
+
 @pytest.mark.parametrize("sa,sb", MATMUL, ids=lambda s: str(s))
 @pytest.mark.parametrize("b_const", [False, True], ids=["B-input", "B-const"])
 def test_matmul(sa: tuple[int, ...], sb: tuple[int, ...], b_const: bool, width: str) -> None:
