@@ -8,8 +8,8 @@ Per workload (a zoo model):
   1. MetaSchedule: the model through TVM's Relax ONNX frontend and the "zero" pipeline (legalize, fuse), then
      `meta_schedule.relax_integration.tune_relax` with `--trials` trials in all (evolutionary search, XGBoost
      cost model, 64 candidates per round or fewer), built by a LocalBuilder with a 120 s limit per candidate (the
-     default 30 s times out compiling 1024-GEMM candidates on a busy 2-core machine), and `compile_relax` with the
-     resulting database. Its tuning seconds: the wall clock of tune_relax.
+     default 30 s times out compiling 1024-GEMM candidates on a busy 2-core machine), and `compile_relax` of the
+     frontend's module with the resulting database. Its tuning seconds: the wall clock of tune_relax.
   2. `kiln tune` of the same model into a fresh database with the same budget: `--same trials` (the default) the
      same number of candidates per kernel (`kiln tune --max-trials`; failed builds count as trials for both), or
      `--same seconds` MetaSchedule's tuning seconds (`--kiln-budget-s` sets another); 120 s per distinct kernel at
@@ -69,9 +69,9 @@ def metaschedule(name: str, trials: int, threads: int, work_dir: str, reuse: boo
 
     model = zoo.build(name)
     tgt = target(threads)
-    mod = from_onnx(model, keep_params_in_input=False)
+    raw = from_onnx(model, keep_params_in_input=False)
     with tgt:
-        mod = relax.get_pipeline("zero")(mod)
+        mod = relax.get_pipeline("zero")(raw)  # the legalized, fused module whose PrimFuncs are the tasks
     records = os.path.join(work_dir, "database_tuning_record.json")
     if reuse and os.path.exists(records):
         # an earlier run's database and logs (--reuse): its tuning seconds are its scheduler log's first to last
@@ -86,8 +86,12 @@ def metaschedule(name: str, trials: int, threads: int, work_dir: str, reuse: boo
             mod, {}, tgt, work_dir, max_trials_global=trials, num_trials_per_iter=min(64, trials),
             builder=ms.builder.LocalBuilder(timeout_sec=120.0), runner=ms.runner.LocalRunner(timeout_sec=60.0))
         tune_s = time.time() - t0
+    # compile_relax legalizes and fuses by itself, then looks the fused PrimFuncs up in the database; given the
+    # already-fused module, its AnnotateTIROpPattern adds an `op_pattern` attribute to a fused PrimFunc (conv + bias
+    # add) that the tuned workload lacks, the structural hash misses and the untuned default schedule is built. From
+    # the frontend's module it prepares exactly what tune_relax was given.
     with tgt:
-        ex = ms.relax_integration.compile_relax(db, mod, tgt, params=None)
+        ex = ms.relax_integration.compile_relax(db, raw, tgt, params=None)
     feeds = zoo.inputs(name)
     run = vm_runner(ex, [feeds[i.name] for i in model.graph.input if i.name in feeds], threads)
     trail, n = metaschedule_trail(work_dir, t0, zoo.flops(name))
