@@ -724,3 +724,18 @@ def test_tune_checks_its_records_in_the_model(tmp_path) -> None:
     assert res.note or (res.default_s > 0 and res.tuned_s > 0)
     skipped = tune(model, budget_s=3, db=str(tmp_path / "t2.db"), workers="local", progress=False, verify=False)
     assert skipped.in_model is None
+
+
+def test_step_5_says_why_it_did_not_check_the_model(tmp_path) -> None:
+    """A model that does not build, or has symbolic dims, keeps its records; the report says why it was not checked."""
+    from types import SimpleNamespace
+
+    from kiln.tune.verify import verify_in_model
+    db = TuningDatabase(str(tmp_path / "t.db"))
+
+    def broken(tuning: str):  # noqa: ANN202
+        raise ValueError("no such op")
+    assert "did not build (ValueError: no such op)" in verify_in_model(broken, db, "k", "r").line()
+    dynamic = verify_in_model(lambda t: SimpleNamespace(dynamic={"symbols": ["seq"]}), db, "k", "r")
+    assert "symbolic dims" in dynamic.line() and not dynamic.reverted
+    db.close()

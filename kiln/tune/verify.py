@@ -138,7 +138,14 @@ def revert(db: TuningDatabase, sigs: list[str], tkey: str, run: str) -> list[str
 
 def verify_in_model(build: ModelBuilder, db: TuningDatabase, tkey: str, run: str) -> InModel:
     out = InModel()
-    default = build("off")
+    try:
+        default = build("off")
+    except Exception as e:  # the tuner's records are kept; the report says why the model was not checked
+        out.note = f"not checked: the model did not build ({type(e).__name__}: {e})"
+        return out
+    if getattr(default, "dynamic", None):
+        out.note = "not checked: the model has symbolic dims (its records are kept as measured alone)"
+        return out
     tuned = build(db.path)
     out.applied = len(tuned.meta.get("tuned") or {})
     if not out.applied:
