@@ -307,7 +307,10 @@ def to_markdown(report: RunReport) -> str:
     roof = report.info.get("roofline", {})
     tuned = tuning_table(report.records, {"": roof.get("peak_gflops"), **roof.get("peak_gflops_by_width", {})})
     if tuned:
-        lines += ["", "## What tuning contributes (kiln tune; default = the untuned direct build)", "", *tuned]
+        lines += ["", "## What tuning contributes (kiln tune; default = the untuned direct build)", "", *tuned, "",
+                  "Each build runs in its own worker process: where the host alone moves a process's times by a few "
+                  "percent (vCPUs placed on one L3 or two), `python benchmarks/tuned_vs_default.py MODEL ...` compares "
+                  "the two builds in one process."]
     by_approach = approach_table(report.records)
     if by_approach:
         lines += ["", "## How the kernels are built: direct emission, hand-written microkernels, synthesized, "
