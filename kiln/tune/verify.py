@@ -166,8 +166,10 @@ def verify_in_model(build: ModelBuilder, db: TuningDatabase, tkey: str, run: str
         out.default_s, out.tuned_s = t["default"], t["tuned"]
         if out.tuned_s > out.default_s * (1 + TOLERANCE):  # still slower: the model keeps none of its records
             rest = sorted({r["sig"] for r in tuned.meta["tuned"].values()})
-            out.reverted += revert(db, rest, tkey, run)
-            out.tuned_s = out.default_s
+            done = revert(db, rest, tkey, run)
+            out.reverted += done
+            if len(done) == len(rest):  # (a record without a measured default stays, and so does its time)
+                out.tuned_s = out.default_s
     else:
         out.tuned_s = out.default_s
     return out
