@@ -372,14 +372,19 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
         # while it is in cache, instead of the whole weight matrix streaming again per batch entry
         outer, extents, order = [no], [n_no] + extents[:-2] + [n_mo], [mo]
     names = outer + [v for v, _ in others] + order
+    # a static N whose last panel needs fewer vectors than NR (N = 257 in 32-wide panels: one useful column):
+    # that panel runs a tile only as wide as its columns' vectors (`narrow` lanes, below), instead of masking off
+    # the rest of an NR tile whose FMAs would all still run (gemm_odd: 288 → 272 lanes computed per row)
+    rem = 0 if is_symbolic(N) else N % t.nr
+    narrow = -(-rem // t.lanes) * t.lanes
+    narrow_last = 0 < rem and narrow < t.nr
     # the knob `split_rows`: each thread takes its own part of every panel's row tiles, instead of a contiguous
-    # run of the (panel, row tile) loop — equal shares when the panels cost unequal amounts (a narrow last panel,
-    # below) and a run of the loop would leave it all to one thread; the default where that is the case
+    # run of the (panel, row tile) loop — equal shares when the panels cost unequal amounts (a narrow last panel)
+    # and a run of the loop would leave it all to one thread; the default where that is the case
     by_rows = None
     if threads > 1 and not dynamic and not c.hints.get("rows_outer") and "spatial" not in c.hints \
             and isinstance(n_mo, int) and n_mo % threads == 0 and n_mo >= 2 * threads and fast == "m":
-        uneven = not is_symbolic(N) and 0 < N % t.nr <= t.nr - t.lanes
-        by_rows = mo if dec.knob("split_rows", uneven, (False, True)) else None
+        by_rows = mo if dec.knob("split_rows", narrow_last, (False, True)) else None
     names, extents, parted = _thread_parts(c, names, extents, mo, threads, dynamic, by_rows)
     # the knob `block`: tiles of the fastest index per cache block — the slower index then sweeps each block
     # (block < extent: a block of rows stays in L2 while every panel passes, or a block of panels while every
@@ -496,12 +501,7 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
             return [If(full, body_tiles, [tile(True, tile_term(True), width, n_ext)])]
         return body_tiles
 
-    # a static N whose last panel needs fewer vectors than NR (N = 257 in 32-wide panels: one useful column):
-    # that panel runs a tile only as wide as its columns' vectors, instead of masking off the rest of an NR tile
-    # whose FMAs would all still run (gemm_odd: 288 → 272 lanes computed per row); the full panels need no masks
-    rem = 0 if is_symbolic(N) else N % t.nr
-    narrow = -(-rem // t.lanes) * t.lanes
-    if rem and narrow < t.nr:
+    if narrow_last:  # the last panel's narrow tile; the full panels need no masks
         last = cmp("==", no, Const(n_no - 1, "int64"))
         tiles = [If(last, tiles_of(narrow, Const(rem, "int64")), tiles_of(t.nr, Const(t.nr, "int64")))]
     else:
