@@ -42,23 +42,13 @@ def calibration_samples(path: str | None) -> list[dict[str, np.ndarray]]:
 
 def _feeds(exe, spec: str, inputs: list[str] | None, dims: str | None = None) -> dict[str, np.ndarray]:  # noqa: ANN001
     """Random seeded inputs, or .npy files `--input x.npy` / `name=x.npy`; symbolic dims sized by `--dims`."""
-    from kiln.runtime.shapes import evaluate
+    from kiln.runtime.shapes import random_feeds
     feeds: dict[str, np.ndarray] = {}
     for i, item in enumerate(inputs or []):
         name, _, path = item.rpartition("=")
         feeds[name or exe.input_names[i]] = np.load(path)
-    rng = np.random.default_rng(1)
-    sizes = _dim_values(exe, dims)
-    for s in exe.inputs:
-        if s.name not in feeds:
-            shape = tuple(d if isinstance(d, int) else evaluate(d, sizes) for d in s.shape)
-            if s.dtype.startswith("float"):
-                feeds[s.name] = rng.standard_normal(shape).astype(s.dtype)
-            elif s.dtype == "bool":
-                feeds[s.name] = rng.random(shape) < 0.5
-            else:
-                feeds[s.name] = rng.integers(0, 4, shape).astype(s.dtype)
-    return feeds
+    missing = [s for s in exe.inputs if s.name not in feeds]
+    return {**feeds, **random_feeds(missing, np.random.default_rng(1), _dim_values(exe, dims))}
 
 
 def _dim_values(exe, dims: str | None) -> dict[str, int]:  # noqa: ANN001

@@ -109,3 +109,19 @@ def is_prefix(shape: Sequence[int], full: Sequence[int]) -> bool:
     dims = list(shape)
     first = next((i for i, d in enumerate(dims) if d > 1), len(dims))
     return len(dims) == len(full) and all(d == f for d, f in zip(dims[first + 1:], full[first + 1:]))
+
+
+def random_feeds(specs: Sequence[Any], rng: np.random.Generator, sizes: dict[str, int] | None = None,
+                 int_high: int = 4) -> dict[str, np.ndarray]:
+    """Seeded inputs for `specs` (name, dtype, shape; symbolic dims sized from `sizes`): normal floats, random
+    bools, integers in [0, int_high)."""
+    feeds: dict[str, np.ndarray] = {}
+    for s in specs:
+        shape = tuple(d if isinstance(d, int) else evaluate(d, sizes or {}) for d in s.shape)
+        if s.dtype.startswith("float"):
+            feeds[s.name] = rng.standard_normal(shape).astype(s.dtype)
+        elif s.dtype == "bool":
+            feeds[s.name] = rng.random(shape) < 0.5
+        else:
+            feeds[s.name] = rng.integers(0, int_high, shape).astype(s.dtype)
+    return feeds

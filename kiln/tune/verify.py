@@ -70,14 +70,9 @@ def model_builder(model: Any, **compile_kw: Any) -> ModelBuilder:
 
 
 def feeds_for(exe: Any, seed: int = 0) -> dict[str, np.ndarray]:
-    """Seeded inputs of the model's shapes: normal floats; integers 0 or 1 (valid ids for any embedding table)."""
-    rng = np.random.default_rng(seed)
-    out = {}
-    for s in exe.inputs:
-        dt = np.dtype(s.dtype)
-        out[s.name] = (rng.standard_normal(s.shape).astype(dt) if dt.kind == "f"
-                       else rng.integers(0, 2, size=s.shape).astype(dt))
-    return out
+    """Seeded inputs of the model's shapes; integers 0 or 1 (valid ids for any embedding table)."""
+    from kiln.runtime.shapes import random_feeds
+    return random_feeds(exe.inputs, np.random.default_rng(seed), int_high=2)
 
 
 def compare(exes: dict[str, Any], feeds: dict[str, np.ndarray], rounds: int = ROUNDS,
