@@ -1,8 +1,8 @@
 """Timings split by where the host put the two vCPUs (issue 19.4): on one L3, or on two.
 
 A virtualized host may move a guest's vCPUs between cores that share an L3 and cores that do not, for seconds at a
-time, invisibly to the guest. A cache line bounced between CPU 0 and CPU 1 (a small C program, built with `cc`) takes
-~55 ns in the first state and ~330 ns in the second. Each batch of runs is classified by such a probe taken just
+time, invisibly to the guest. A cache line bounced between CPU 0 and CPU 1 (kiln/runtime/coreprobe.py, JIT-compiled)
+takes ~55 ns in the first state and ~330 ns in the second. Each batch of runs is classified by such a probe taken just
 before it; each system runs in its own process, the processes alternate.
 
     python benchmarks/cross_l3.py [zoo model ...] [--rounds 6] [--seconds 8] [--kernels]
@@ -16,54 +16,18 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
 
-PING_PONG = r"""
-#define _GNU_SOURCE
-#include <pthread.h>
-#include <sched.h>
-#include <stdatomic.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <time.h>
-static _Atomic long flag __attribute__((aligned(64)));
-static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
-static void pin(int c) {
-  cpu_set_t s; CPU_ZERO(&s); CPU_SET(c, &s); pthread_setaffinity_np(pthread_self(), sizeof s, &s);
-}
-static void *pong(void *a) {
-  pin(1);
-  for (long i = 1;; i += 2) {
-    while (atomic_load_explicit(&flag, memory_order_acquire) != i) {}
-    atomic_store_explicit(&flag, i + 1, memory_order_release);
-  }
-  return a;
-}
-int main(int argc, char **argv) {  /* the mean round trip of one cache line between CPU 0 and 1, ns */
-  pthread_t t; pthread_create(&t, 0, pong, 0); pin(0);
-  long v = 0, n = 0; double s = now(), span = atof(argv[1]);
-  while (now() - s < span) {
-    for (int k = 0; k < 1000; k++) {
-      atomic_store_explicit(&flag, v + 1, memory_order_release);
-      while (atomic_load_explicit(&flag, memory_order_acquire) != v + 2) {}
-      v += 2;
-    }
-    n += 1000;
-  }
-  printf("%.0f\n", (now() - s) / n * 1e9);
-  return 0;
-}
-"""
-TWO_L3_NS = 150  # between the two states' ~55 and ~330 ns
+from kiln.runtime.coreprobe import TWO_L3_NS
 
 CHILD = r"""
-import json, subprocess, sys, time
+import json, sys, time
 import numpy as np
 from kiln import zoo
-probe, name, system, seconds, kernels = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), sys.argv[5] == "1"
+from kiln.runtime.coreprobe import round_trip_ns
+name, system, seconds, kernels = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4] == "1"
 model, feeds = zoo.build(name), zoo.inputs(name)
 if system == "kiln":
     import kiln
@@ -80,7 +44,7 @@ for _ in range(5):
 out = []
 end = time.time() + seconds
 while time.time() < end:
-    ns = float(subprocess.run([probe, "0.05"], capture_output=True, text=True).stdout)
+    ns = round_trip_ns()
     times, prof = [], {} if kernels and system == "kiln" else None
     for _ in range(8):
         t = time.perf_counter()
@@ -89,14 +53,6 @@ while time.time() < end:
     out.append([ns, float(np.median(times)) * 1e3, {k: v / 8 * 1e3 for k, v in (prof or {}).items()}])
 print(json.dumps(out))
 """
-
-
-def build_probe(where: str) -> str:
-    src, exe = os.path.join(where, "ping_pong.c"), os.path.join(where, "ping_pong")
-    with open(src, "w") as f:
-        f.write(PING_PONG)
-    subprocess.run(["cc", "-O2", "-pthread", src, "-o", exe], check=True)
-    return exe
 
 
 def main() -> None:
@@ -109,7 +65,6 @@ def main() -> None:
     a = p.parse_args()
     if len(os.sched_getaffinity(0)) < 2:
         sys.exit("needs two CPUs")
-    probe = build_probe(tempfile.mkdtemp())
     systems = a.systems.split(",")
     print("| model | system | one L3: median ms (batches) | two L3s: median ms (batches) | p10–p90 ms |")
     print("|---|---|---:|---:|---|")
@@ -117,7 +72,7 @@ def main() -> None:
         rows: dict[str, list] = {s: [] for s in systems}
         for r in range(a.rounds):
             for s in systems if r % 2 == 0 else systems[::-1]:
-                out = subprocess.run([sys.executable, "-c", CHILD, probe, name, s, str(a.seconds),
+                out = subprocess.run([sys.executable, "-c", CHILD, name, s, str(a.seconds),
                                       "1" if a.kernels else "0"], check=True, capture_output=True, text=True)
                 rows[s] += json.loads(out.stdout.strip().splitlines()[-1])
                 time.sleep(0.6)  # onnxruntime's pool spins after its last call

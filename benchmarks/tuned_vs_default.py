@@ -7,6 +7,9 @@ no tuned kernel at all), which hides a tuning gain or loss of that size.
     python benchmarks/tuned_vs_default.py resnet50 mobilenetv2 ... [--target host|avx2|sse] [--rounds 15]
         [--db FILE] [--threads 2]
 
+Each batch is labelled with the host's state just before it (kiln/runtime/coreprobe.py: the two vCPUs on one L3 or
+on two); the last column is tuned ÷ default within each state seen in at least 3 rounds of both builds.
+
 A model without a tuned kernel (every record the default, or none) is listed with its builds identical."""
 from __future__ import annotations
 
@@ -26,7 +29,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=15)
     a = p.parse_args()
-    print("| model | width | kernels tuned | default ms | tuned ms | tuned ÷ default |\n|---|---|---:|---:|---:|---:|")
+    print("| model | width | kernels tuned | default ms | tuned ms | tuned ÷ default | per host state (rounds) |\n"
+          "|---|---|---:|---:|---:|---:|---|")
     ratios = []
     for name in a.models:
         model = zoo.build(name)
@@ -34,16 +38,17 @@ def main() -> None:
                  for t in ("off", a.db)}
         tuned = len(build[a.db].meta.get("tuned") or {})
         if not tuned:
-            print(f"| {name} | {a.target} | 0 | | | (identical builds) |", flush=True)
+            print(f"| {name} | {a.target} | 0 | | | (identical builds) | |", flush=True)
             continue
-        t, _ = compare({"default": build["off"], "tuned": build[a.db]}, zoo.inputs(name), rounds=a.rounds)
-        r = t["tuned"] / t["default"]
+        c = compare({"default": build["off"], "tuned": build[a.db]}, zoo.inputs(name), rounds=a.rounds,
+                    max_rounds=2 * a.rounds)
+        t, r = c.overall, c.ratio("tuned", "default")
         ratios.append(r)
-        print(f"| {name} | {a.target} | {tuned} | {t['default'] * 1e3:.4g} | {t['tuned'] * 1e3:.4g} | {r:.3f} |",
-              flush=True)
+        print(f"| {name} | {a.target} | {tuned} | {t['default'] * 1e3:.4g} | {t['tuned'] * 1e3:.4g} | {r:.3f} | "
+              f"{c.states_text('tuned', 'default')} |", flush=True)
     if ratios:
         geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
-        print(f"| geometric mean ({len(ratios)} models with tuned kernels) | | | | | {geo:.3f} |")
+        print(f"| geometric mean ({len(ratios)} models with tuned kernels) | | | | | {geo:.3f} | |")
 
 
 if __name__ == "__main__":
