@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # (kiln.compiler imports this module on every `import kiln`: 
     from kiln.tune.database import TuningDatabase
 
 TOLERANCE = 0.01   # tuned ÷ default above 1 + this: the records are looked at kernel by kernel
-ROUNDS = 7         # interleaved rounds per comparison
+ROUNDS = 11        # interleaved rounds per comparison
 ROUND_S = 0.15     # each build runs about this long per round (at least 3 calls)
 GAP_S = 0.2        # idle before each batch: one build's pool spinning down is not charged to the other
 MIN_BATCHES = 3    # batches of each build a host state needs before it is judged on its own
@@ -81,23 +81,40 @@ def feeds_for(exe: Any, seed: int = 0) -> dict[str, np.ndarray]:
 
 @dataclass
 class Comparison:
-    """Median seconds per run of each build: over all batches, and per host state (runtime/coreprobe.py: the two
-    vCPUs on one L3 or on two, probed just before each batch); with `profile`, per kernel and state too."""
-    overall: dict[str, float]
-    by_state: dict[str, dict[str, float]]                 # state → build → s (states where every build ran)
-    batches: dict[str, dict[str, int]]                    # state → build → batches
-    kernels: dict[str, dict[str, dict[str, float]]]       # state (or ALL) → build → kernel → s
+    """Each round's batch of every build: its host state (runtime/coreprobe.py: the two vCPUs on one L3 or on two,
+    probed just before the batch) and its median seconds per run. Ratios are paired: the median over rounds of one
+    build's batch ÷ the other's in the same round (under a second apart), so a slow drift of the host — and on
+    this Zen 4 guest the same code drifts by 10% within minutes — cancels instead of landing on one build."""
+    rounds: list[dict[str, tuple[str, float]]]              # round → build → (state, s)
+    kernels: dict[str, dict[str, dict[str, float]]]         # state (or ALL) → build → kernel → median s
+
+    def _pairs(self, a: str, b: str, state: str | None) -> list[float]:
+        return [r[a][1] / r[b][1] for r in self.rounds
+                if state is None or r[a][0] == r[b][0] == state]
+
+    def seconds(self, build: str, state: str | None = None) -> float:
+        return float(np.median([r[build][1] for r in self.rounds if state is None or r[build][0] == state]))
+
+    @property
+    def overall(self) -> dict[str, float]:
+        return {n: self.seconds(n) for n in self.rounds[0]}
+
+    def paired(self, state: str) -> int:
+        """Rounds in which every build ran in `state`."""
+        return sum(len({st for st, _ in r.values()}) == 1 and next(iter(r.values()))[0] == state for r in self.rounds)
+
+    def seen(self) -> list[str]:
+        return sorted({st for r in self.rounds for st, _ in r.values()})
 
     def judged(self) -> list[str]:
-        """States in which every build ran at least MIN_BATCHES batches."""
-        return [st for st, n in self.batches.items() if n and min(n.values()) >= MIN_BATCHES]
+        """States with at least MIN_BATCHES rounds in which every build ran in that state."""
+        return [st for st in self.seen() if self.paired(st) >= MIN_BATCHES]
 
     def ratio(self, a: str, b: str, state: str | None = None) -> float:
-        t = self.overall if state is None else self.by_state[state]
-        return t[a] / t[b]
+        return float(np.median(self._pairs(a, b, state)))
 
     def worst(self, a: str, b: str) -> tuple[str | None, float]:
-        """The judged state where a ÷ b is largest (None: no state judged, the overall ratio)."""
+        """The judged state where a ÷ b is largest (None: no state judged, the ratio over all rounds)."""
         ratios = [(self.ratio(a, b, st), st) for st in self.judged()]
         if not ratios:
             return None, self.ratio(a, b)
@@ -105,8 +122,7 @@ class Comparison:
         return st, r
 
     def states_text(self, a: str, b: str) -> str:
-        return ", ".join(f"{st}: {self.ratio(a, b, st):.3f} ({min(self.batches[st].values())} rounds)"
-                         for st in self.judged())
+        return ", ".join(f"{st}: {self.ratio(a, b, st):.3f} ({self.paired(st)} rounds)" for st in self.judged())
 
 
 def state_now() -> str:
@@ -116,9 +132,10 @@ def state_now() -> str:
 
 def compare(exes: dict[str, Any], feeds: dict[str, np.ndarray], rounds: int = ROUNDS,
             profile: bool = False, max_rounds: int = MAX_ROUNDS) -> Comparison:
-    """The builds run interleaved, an idle gap before each batch, each batch labelled with the host's state.
-    After `rounds`, rounds go on (up to `max_rounds`) while a state was seen in fewer than MIN_BATCHES batches
-    of some build: a host that flips gets judged in both states, one that never does costs nothing more."""
+    """The builds run interleaved (the order reversed every other round), an idle gap before each batch, each batch
+    labelled with the host's state. After `rounds`, rounds go on (up to `max_rounds`) while a state was seen in
+    fewer than MIN_BATCHES rounds of its own: a host that flips gets judged in both states, one that never does
+    costs nothing more."""
     per_call = {}
     for name, e in exes.items():
         e.run(feeds)
@@ -126,15 +143,16 @@ def compare(exes: dict[str, Any], feeds: dict[str, np.ndarray], rounds: int = RO
         e.run(feeds)
         per_call[name] = time.perf_counter() - t
     calls = {n: max(3, int(ROUND_S / max(s, 1e-6))) for n, s in per_call.items()}
-    totals: dict[str, dict[str, list[float]]] = {}
-    kernels: dict[str, dict[str, dict[str, list[float]]]] = {}
-    done = 0
-    while done < rounds or (done < max_rounds and any(
-            min(len(totals[st].get(n, [])) for n in exes) < MIN_BATCHES for st in totals)):
-        for name, e in exes.items():
+    out = Comparison([], {})
+    while len(out.rounds) < rounds or (len(out.rounds) < max_rounds and
+                                       any(out.paired(st) < MIN_BATCHES for st in out.seen())):
+        this: dict[str, tuple[str, float]] = {}
+        order = list(exes) if len(out.rounds) % 2 == 0 else list(exes)[::-1]
+        for name in order:
+            e = exes[name]
             time.sleep(GAP_S)
+            st = state_now()   # (before the warm-up call: after it the pool's workers spin, and the probe would wait)
             e.run(feeds)
-            st = state_now()
             times = []
             for _ in range(calls[name]):
                 p: dict[str, float] | None = {} if profile else None
@@ -143,15 +161,12 @@ def compare(exes: dict[str, Any], feeds: dict[str, np.ndarray], rounds: int = RO
                 times.append(time.perf_counter() - t)
                 for k, v in (p or {}).items():
                     for key in (st, ALL):
-                        kernels.setdefault(key, {}).setdefault(name, {}).setdefault(k, []).append(v)
-            totals.setdefault(st, {}).setdefault(name, []).append(float(np.median(times)))
-        done += 1
-    med = lambda xs: float(np.median(xs))  # noqa: E731
-    return Comparison(
-        overall={n: med([x for st in totals.values() for x in st.get(n, [])]) for n in exes},
-        by_state={st: {n: med(v[n]) for n in exes} for st, v in totals.items() if all(v.get(n) for n in exes)},
-        batches={st: {n: len(v.get(n, [])) for n in exes} for st, v in totals.items()},
-        kernels={st: {n: {k: med(x) for k, x in ks.items()} for n, ks in by.items()} for st, by in kernels.items()})
+                        out.kernels.setdefault(key, {}).setdefault(name, {}).setdefault(k, []).append(v)
+            this[name] = (st, float(np.median(times)))
+        out.rounds.append(this)
+    out.kernels = {st: {n: {k: float(np.median(x)) for k, x in ks.items()} for n, ks in by.items()}
+                   for st, by in out.kernels.items()}
+    return out
 
 
 def slower_records(tuned_meta: dict[str, dict], order: list[str], default_k: dict[str, float],
