@@ -138,6 +138,11 @@ def test_correct_system_is_timed(run):
     assert rec["gflops"] > 0 and rec["pct_peak"] == pytest.approx(rec["gflops"])  # peak = 100
     assert rec["version"] == "threads=1"  # the worker's environment pins the thread count
     assert ("conv_test", "numpy") not in recs  # kinds it does not handle: no record
+    # every sample labelled with the host's state when it ran (kiln/runtime/coreprobe.py; "–": fewer than 2 CPUs)
+    by_state = rec["host_states"]
+    assert set(by_state) <= {"one L3", "two L3s", "–"}
+    assert sum(v["samples"] for v in by_state.values()) == rec["samples"]
+    assert all(v["median_ms"] > 0 for v in by_state.values())
 
 
 def test_wrong_system_is_reported_and_not_timed(run):

@@ -172,3 +172,16 @@ def test_markdown_groups_columns_by_how_kernels_are_built():
     assert cells[1:4] == ["kiln:direct 11", "xnnpack 9, kiln:ukernel 10, blis 12.5", "exo:avx512 13.2"]
     assert cells[-3:] == ["0.82", "1.20", "0.80"]   # best of each group ÷ kiln:direct (9/11, 13.2/11, 8.8/11)
     assert "## Systems not run here" in md and "- tensorrt: GPU-only (NVIDIA CUDA)" in md
+
+
+def test_markdown_splits_times_by_host_state_when_both_were_seen():
+    """A run that saw the vCPUs on one L3 and on two gets a table of each system's median in each state."""
+    from kiln.bench.report import host_state_table, label
+    rep = sample_report()
+    rep.records[0]["host_states"] = {"one L3": {"median_ms": 9.5, "samples": 30},
+                                     "two L3s": {"median_ms": 12.25, "samples": 10}}
+    rows = host_state_table(rep.records)
+    assert any("| 9.5 (30) | 12.25 (10) |" in r and label(rep.records[0]) in r for r in rows), rows
+    assert "## By host state" in to_markdown(rep)
+    rep.records[0]["host_states"] = {"one L3": {"median_ms": 9.5, "samples": 40}}
+    assert host_state_table(rep.records) == [] and "## By host state" not in to_markdown(rep)

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from kiln.runtime.coreprobe import host_state
+
 from .procs import Worker, WorkerError
 from .reference import Reference, check, reference
 from .report import make_record
@@ -65,6 +67,7 @@ class Contestant:
     version: str = ""
     # per-workload state
     samples: list[float] = field(default_factory=list)
+    states: list[str] = field(default_factory=list)   # the host's state during each sample (host_state)
     calls: int = 1
     rounds: int = 0
     est_s: float = 0.0
@@ -145,7 +148,7 @@ def _prepare(w: Workload, c: Contestant, cfg: ProtocolConfig, ref: Reference,
             ("prepare", w, cfg.threads, {"calibration_inputs": cfg.calibration_inputs}), timeout=cfg.prepare_timeout_s)
     except WorkerError as exc:
         return _record(w, c, cfg, ref, peak, ok=False, status=exc.status, reason=exc.reason)
-    c.samples, c.est_s, c.compile_s = [], first_s, compile_s
+    c.samples, c.states, c.est_s, c.compile_s = [], [], first_s, compile_s
     if ref.outputs is None:  # cannot be checked: timed, but never reported ok
         c.ok, c.err, c.status, c.why = False, None, "unchecked", ref.error
         return None
@@ -196,9 +199,12 @@ def _finish(w: Workload, c: Contestant, cfg: ProtocolConfig, ref: Reference,
             peak: float | None) -> dict[str, Any]:
     ms = np.asarray(c.samples) * 1e3
     q1, med, q3 = (float(v) for v in np.percentile(ms, [25, 50, 75]))
+    states = np.asarray(c.states)
+    by_state = {st: {"median_ms": float(np.median(ms[states == st])), "samples": int((states == st).sum())}
+                for st in sorted(set(c.states))} if len(c.states) == len(ms) else {}
     return _record(w, c, cfg, ref, peak, ok=c.ok, median_ms=med, iqr_ms=q3 - q1,
                    compile_s=c.compile_s, max_rel_err=c.err, status=c.status, reason=c.why,
-                   samples=len(c.samples), calls_per_round=c.calls)
+                   samples=len(c.samples), calls_per_round=c.calls, host_states=by_state)
 
 
 def _fail(w: Workload, c: Contestant, cfg: ProtocolConfig, ref: Reference, peak: float | None,
@@ -282,8 +288,11 @@ def _rounds(w: Workload, live: list[Contestant], cfg: ProtocolConfig, ref: Refer
                 continue
             _settle(prev, cfg.settle_s)
             prev = c
+            state = host_state()   # (the workers idle now: the probe's two threads have the CPUs; coreprobe.py)
             try:
-                c.samples += _run(c, c.calls, cfg)
+                times = _run(c, c.calls, cfg)
+                c.samples += times
+                c.states += [state] * len(times)
             except WorkerError as exc:
                 records.append(_fail(w, c, cfg, ref, peak, exc))
                 live.remove(c)

@@ -293,6 +293,26 @@ def precision_table(records: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+HOST_STATES = ("one L3", "two L3s")
+
+
+def host_state_table(records: list[dict[str, Any]]) -> list[str]:
+    """Median ms per host state (the protocol probes it before every turn: kiln/runtime/coreprobe.py), when the
+    run saw both: a virtualized host that moves the vCPUs between one L3 and two moves every system's times."""
+    seen = {st for r in records for st in (r.get("host_states") or {})}
+    if not set(HOST_STATES) <= seen:
+        return []
+    out = ["| workload | system | " + " | ".join(f"{st}: median ms (samples)" for st in HOST_STATES) + " |",
+           "|---|---|" + "---:|" * len(HOST_STATES)]
+    for r in records:
+        by = r.get("host_states") or {}
+        if r.get("ok") and by:
+            cells = [f"{_fmt(by[st]['median_ms'], '.4g')} ({by[st]['samples']})" if st in by else "–"
+                     for st in HOST_STATES]
+            out.append(f"| {r['workload']} | {label(r)} | " + " | ".join(cells) + " |")
+    return out
+
+
 def not_run_lines(info: dict[str, Any]) -> list[str]:
     return [f"- {name}: {why}" for name, why in (info.get("not_run") or {}).items()]
 
@@ -319,6 +339,9 @@ def to_markdown(report: RunReport) -> str:
     if low:
         lines += ["", "## Low precision (quality against the same system's fp32 build, "
                   f"{report.info.get('config', {}).get('eval_inputs', '?')} evaluation inputs)", "", *low]
+    states = host_state_table(report.records)
+    if states:
+        lines += ["", "## By host state (the two vCPUs on one L3 or on two, probed before every turn)", "", *states]
     if not_run_lines(report.info):
         lines += ["", "## Systems not run here", "", *not_run_lines(report.info)]
     for workload, recs in by_workload(report.records).items():

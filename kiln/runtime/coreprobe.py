@@ -115,3 +115,9 @@ def round_trip_ns(round_trips: int = ROUND_TRIPS) -> float:
 
 def two_l3(ns: float) -> bool:
     return bool(ns >= TWO_L3_NS)
+
+
+def host_state() -> str:
+    """"one L3" or "two L3s" now; "–" where the probe cannot run (fewer than two CPUs)."""
+    ns = round_trip_ns()
+    return "–" if ns != ns else "two L3s" if two_l3(ns) else "one L3"

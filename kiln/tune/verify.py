@@ -126,8 +126,8 @@ class Comparison:
 
 
 def state_now() -> str:
-    from kiln.runtime.coreprobe import round_trip_ns, two_l3
-    return "two L3s" if two_l3(round_trip_ns()) else "one L3"
+    from kiln.runtime.coreprobe import host_state  # (runtime/coreprobe.py JIT-compiles with llvmlite: imported late)
+    return host_state()
 
 
 def compare(exes: dict[str, Any], feeds: dict[str, np.ndarray], rounds: int = ROUNDS,
