@@ -481,6 +481,8 @@ def test_tune_for_a_width_builds_measures_and_keys_that_width(width: str, tmp_pa
                 tune(model, budget_s=5, db=path, target=width, workers="local", progress=False)
         check(model, feeds, 1e-4, target=width)
         return
+    from kiln.runtime.coreprobe import round_trip_ns
+    round_trip_ns(10)  # the host-state probe step 5 uses is host runtime code (like the pool), JIT-compiled once
     emitted: list[tuple[int, str]] = []
     real = jit.emit_object
     monkeypatch.setattr(jit, "emit_object", lambda mod, tg: emitted.append((tg.vector_bits, tg.features))
