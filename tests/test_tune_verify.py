@@ -74,6 +74,10 @@ def test_compare_judges_each_host_state_on_its_own(monkeypatch) -> None:
     assert c.ratio("tuned", "default", "one L3") < 0.9
     assert c.kernels["two L3s"]["tuned"]["k0"] == pytest.approx(0.003, rel=0.5)
     assert "two L3s: 1." in c.states_text("tuned", "default")
+    # past the tuning budget's deadline no round beyond `rounds` starts, even for a state seen too rarely
+    states = iter((["one L3"] * 4 + ["two L3s"] * 2) * 100)
+    c = v.compare({"default": default, "tuned": tuned}, {}, rounds=4, max_rounds=12, deadline=time.perf_counter())
+    assert len(c.rounds) == 4 and c.judged() == ["one L3"]
     # a host that never flips: no state is judged alone but the one, and no round beyond `rounds`
     clock[0] = "one L3"
     monkeypatch.setattr(v, "state_now", lambda: "one L3")

@@ -187,7 +187,7 @@ def tune(model: onnx.ModelProto | str | bytes | os.PathLike, budget_s: float = 9
                 from kiln.tune.verify import model_builder, verify_in_model
                 build = model_builder(proto, target=tgt, num_threads=threads, input_shapes=input_shapes,
                                       strategy=strategy, precision=precision, **opts)
-                report.in_model = verify_in_model(build, database, tkey, run)
+                report.in_model = verify_in_model(build, database, tkey, run, deadline=t_start + budget_s)
         except KeyboardInterrupt:
             report.interrupted = True
         finally:

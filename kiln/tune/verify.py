@@ -134,11 +134,12 @@ def state_now() -> str:
 
 
 def compare(exes: dict[str, Any], feeds: dict[str, np.ndarray], rounds: int = ROUNDS,
-            profile: bool = False, max_rounds: int = MAX_ROUNDS) -> Comparison:
+            profile: bool = False, max_rounds: int = MAX_ROUNDS, deadline: float | None = None) -> Comparison:
     """The builds run interleaved (the order reversed every other round), an idle gap before each batch, each batch
     labelled with the host's state. After `rounds`, rounds go on (up to `max_rounds`) while a state was seen in
     fewer than MIN_BATCHES rounds of its own: a host that flips gets judged in both states, one that never does
-    costs nothing more."""
+    costs nothing more. Past `deadline` (a time.perf_counter() value: the end of `kiln tune`'s budget) no round
+    beyond `rounds` starts."""
     per_call = {}
     for name, e in exes.items():
         e.run(feeds)
@@ -148,6 +149,7 @@ def compare(exes: dict[str, Any], feeds: dict[str, np.ndarray], rounds: int = RO
     calls = {n: max(3, int(ROUND_S / max(s, 1e-6))) for n, s in per_call.items()}
     out = Comparison([], {})
     while len(out.rounds) < rounds or (len(out.rounds) < max_rounds and
+                                       (deadline is None or time.perf_counter() < deadline) and
                                        any(out.paired(st) < MIN_BATCHES for st in out.seen())):
         this: dict[str, tuple[str, float]] = {}
         order = list(exes) if len(out.rounds) % 2 == 0 else list(exes)[::-1]
@@ -199,7 +201,8 @@ def revert(db: TuningDatabase, sigs: list[str], tkey: str, run: str) -> list[str
     return done
 
 
-def verify_in_model(build: ModelBuilder, db: TuningDatabase, tkey: str, run: str) -> InModel:
+def verify_in_model(build: ModelBuilder, db: TuningDatabase, tkey: str, run: str,
+                    deadline: float | None = None) -> InModel:
     out = InModel()
     try:
         default = build("off")
@@ -216,21 +219,21 @@ def verify_in_model(build: ModelBuilder, db: TuningDatabase, tkey: str, run: str
         return out
     feeds = feeds_for(default)
     both = lambda: {"default": default, "tuned": tuned}  # noqa: E731 - `tuned` is rebuilt after a revert
-    c = compare(both(), feeds)
+    c = compare(both(), feeds, deadline=deadline)
     out.default_s, out.tuned_s, out.states = c.overall["default"], c.overall["tuned"], c.states_text("tuned", "default")
     out.first_tuned_s = out.tuned_s
     state, worst = c.worst("tuned", "default")
     if worst <= 1 + TOLERANCE:  # not slower in any host state seen (or overall, when no state was seen enough)
         return out
     order = list(default.kernel_names)
-    p = compare(both(), feeds, profile=True)
+    p = compare(both(), feeds, profile=True, deadline=deadline)
     k = p.kernels.get(state or ALL, {})
     if set(k) != {"default", "tuned"}:  # the profile's batches never saw both builds in that state: all of them
         k = p.kernels[ALL]
     out.reverted = revert(db, slower_records(tuned.meta["tuned"], order, k["default"], k["tuned"]), tkey, run)
     tuned = build(db.path)
     if tuned.meta.get("tuned"):
-        c = compare(both(), feeds)
+        c = compare(both(), feeds, deadline=deadline)
         out.default_s, out.tuned_s = c.overall["default"], c.overall["tuned"]
         out.again = c.states_text("tuned", "default") or f"all rounds: {c.ratio('tuned', 'default'):.3f}"
         if c.worst("tuned", "default")[1] > 1 + TOLERANCE:  # still slower: the model keeps none of its records
