@@ -183,5 +183,8 @@ def test_markdown_splits_times_by_host_state_when_both_were_seen():
     rows = host_state_table(rep.records)
     assert any("| 9.5 (30) | 12.25 (10) |" in r and label(rep.records[0]) in r for r in rows), rows
     assert "## By host state" in to_markdown(rep)
+    from kiln.bench.htmlreport import render_html
+    page = render_html(rep)
+    assert "<h2>By host state</h2>" in page and "<td>9.5 (30)</td><td>12.25 (10)</td>" in page
     rep.records[0]["host_states"] = {"one L3": {"median_ms": 9.5, "samples": 40}}
     assert host_state_table(rep.records) == [] and "## By host state" not in to_markdown(rep)

@@ -7,7 +7,18 @@ from typing import Any
 
 from . import plots
 from .kiln_system import ABLATE_PREFIX, PLANNED_STRATEGIES
-from .report import RunReport, _fmt, _ratio, _status, baseline_ms, busy_warning, by_workload, label
+from .report import (
+    HOST_STATE_HEADER,
+    RunReport,
+    _fmt,
+    _ratio,
+    _status,
+    baseline_ms,
+    busy_warning,
+    by_workload,
+    host_state_rows,
+    label,
+)
 
 CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
@@ -196,6 +207,17 @@ def _strategies(report: RunReport, groups: dict[str, list[Rec]]) -> str:
     return "".join(parts) + _img(plots.strategy_chart(rows, cols), "strategies") + table
 
 
+def _host_states(report: RunReport) -> str:
+    """Each system's median per host state (vCPUs on one L3 or two), when the run saw both."""
+    rows = host_state_rows(report.records)
+    if not rows:
+        return ""
+    return ("<h2>By host state</h2><p class=\"note\">Probed before every turn: one cache line bounced between the "
+            "first two CPUs (~55 ns on one L3, ~330 ns on two on a virtualized Zen 4).</p>"
+            + _table(HOST_STATE_HEADER, [[_td(r[0], text=True), _td(r[1], text=True), *map(_td, r[2:])]
+                                         for r in rows]))
+
+
 def _isa(report: RunReport) -> str:
     """The ISA section (`kiln bench --isa`), when the run has one."""
     if not report.info.get("isa"):
@@ -213,7 +235,7 @@ def render_html(report: RunReport) -> str:
         "process; outputs are checked against a reference before any timing, and a wrong system "
         "is not timed. Timings are interleaved rounds; median and interquartile range.</p>",
         _machine(report), _summary(groups), _roofline(report, groups),
-        _strategies(report, groups), _ablations(groups), _workloads(groups), _isa(report),
+        _strategies(report, groups), _ablations(groups), _host_states(report), _workloads(groups), _isa(report),
     ])
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
             f"<style>{CSS}</style></head><body>{body}</body></html>\n")

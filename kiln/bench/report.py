@@ -296,21 +296,31 @@ def precision_table(records: list[dict[str, Any]]) -> list[str]:
 HOST_STATES = ("one L3", "two L3s")
 
 
-def host_state_table(records: list[dict[str, Any]]) -> list[str]:
-    """Median ms per host state (the protocol probes it before every turn: kiln/runtime/coreprobe.py), when the
-    run saw both: a virtualized host that moves the vCPUs between one L3 and two moves every system's times."""
+def host_state_rows(records: list[dict[str, Any]]) -> list[list[str]]:
+    """[workload, system, one L3 cell, two L3s cell] per timed record — median ms (samples) per host state, as the
+    protocol probed it before every turn (kiln/runtime/coreprobe.py) — when the run saw both states: a virtualized
+    host that moves the vCPUs between one L3 and two moves every system's times. Else []."""
     seen = {st for r in records for st in (r.get("host_states") or {})}
     if not set(HOST_STATES) <= seen:
         return []
-    out = ["| workload | system | " + " | ".join(f"{st}: median ms (samples)" for st in HOST_STATES) + " |",
-           "|---|---|" + "---:|" * len(HOST_STATES)]
+    rows = []
     for r in records:
         by = r.get("host_states") or {}
         if r.get("ok") and by:
-            cells = [f"{_fmt(by[st]['median_ms'], '.4g')} ({by[st]['samples']})" if st in by else "–"
-                     for st in HOST_STATES]
-            out.append(f"| {r['workload']} | {label(r)} | " + " | ".join(cells) + " |")
-    return out
+            rows.append([r["workload"], label(r), *(f"{_fmt(by[st]['median_ms'], '.4g')} ({by[st]['samples']})"
+                                                     if st in by else "–" for st in HOST_STATES)])
+    return rows
+
+
+HOST_STATE_HEADER = ["workload", "system", *(f"{st}: median ms (samples)" for st in HOST_STATES)]
+
+
+def host_state_table(records: list[dict[str, Any]]) -> list[str]:
+    rows = host_state_rows(records)
+    if not rows:
+        return []
+    return ["| " + " | ".join(HOST_STATE_HEADER) + " |", "|---|---|" + "---:|" * len(HOST_STATES),
+            *("| " + " | ".join(r) + " |" for r in rows)]
 
 
 def not_run_lines(info: dict[str, Any]) -> list[str]:
