@@ -8,11 +8,13 @@ that wins alone can lose there: conv_r50_3x3's layout change into blocks, 16 chu
 the whole model 1.03–1.08× slower than with no record at all.
 
 So after the search, the model is built twice — every record of this target applied, and none — and the two run
-interleaved (idle gaps, medians of rounds). If the tuned build is slower than the default beyond `TOLERANCE`,
-both run again with a per-kernel profile; each record whose kernel, together with the kernel after it, takes
-longer in the tuned build is replaced by its workload's default configuration (its measurements stay in the
-database), and the model is measured again; a model still slower loses the rest of its records. Either way the
-report says what the model measured.
+interleaved (idle gaps; `compare`: paired ratios, each batch labelled with the host's state — a virtualized host
+moves the vCPUs between one L3 and two, and a record may win in one and lose in the other: conv_r50_3x3's AVX2
+Winograd product, 0.998× on one L3, 1.073× on two). If the tuned build is slower than the default beyond
+`TOLERANCE` in any state judged (or over all rounds, when none is), both run again with a per-kernel profile;
+each record whose kernel, together with the kernel after it, takes longer in the tuned build is replaced by its
+workload's default configuration (its measurements stay in the database), and the model is measured again; a model
+still slower loses the rest of its records. Either way the report says what the model measured.
 
 The tune package sits below the compiler, so it does not build models itself: `kiln.compiler` registers its
 `compile` here when it is imported (`register_model_builder`)."""
@@ -32,7 +34,7 @@ TOLERANCE = 0.01   # tuned ÷ default above 1 + this: the records are looked at 
 ROUNDS = 11        # interleaved rounds per comparison
 ROUND_S = 0.15     # each build runs about this long per round (at least 3 calls)
 GAP_S = 0.2        # idle before each batch: one build's pool spinning down is not charged to the other
-MIN_BATCHES = 3    # batches of each build a host state needs before it is judged on its own
+MIN_BATCHES = 3    # paired rounds (both builds in the state) a host state needs before it is judged on its own
 MAX_ROUNDS = 25    # rounds go on up to this while a state seen has fewer (compare)
 ALL = "all"        # Comparison.kernels' key for every batch, whatever its state
 
