@@ -20,6 +20,8 @@ import time
 import numpy as np
 from llvmlite import ir
 
+from kiln.codegen.loops import emit_loop
+
 I64 = ir.IntType(64)
 TWO_L3_NS = 150.0   # between the two states' ~55 and ~330 ns
 ROUND_TRIPS = 4000  # ~0.2 ms on one L3, ~1.3 ms on two
@@ -33,35 +35,27 @@ def build_module() -> ir.Module:
     for name, first_store in (("kiln_ping", True), ("kiln_pong", False)):
         f = ir.Function(m, ir.FunctionType(ir.VoidType(), [I64.as_pointer(), I64, I64]), name)
         flag, i0, n = f.args
-        entry, head, body, wait, done, exit_ = (f.append_basic_block(x) for x in
-                                                ("entry", "head", "body", "wait", "done", "exit"))
-        b = ir.IRBuilder(entry)
-        b.branch(head)
-        b.position_at_end(head)
-        i = b.phi(I64)
-        i.add_incoming(i0, entry)
-        b.cbranch(b.icmp_signed("<", i, n), body, exit_)
-        b.position_at_end(body)
-        odd = b.add(b.mul(i, ir.Constant(I64, 2)), ir.Constant(I64, 1))
-        even = b.add(odd, ir.Constant(I64, 1))
-        if first_store:
-            b.store_atomic(odd, flag, "release", 8)
-        b.branch(wait)
-        b.position_at_end(wait)
-        seen = b.load_atomic(flag, "acquire", 8, typ=I64)
-        arrived = b.icmp_signed("==", seen, even if first_store else odd)
-        spin = f.append_basic_block("spin")
-        b.cbranch(arrived, done, spin)
-        b.position_at_end(spin)
-        b.call(pause, [])
-        b.branch(wait)
-        b.position_at_end(done)
-        if not first_store:
-            b.store_atomic(even, flag, "release", 8)
-        nxt = b.add(i, ir.Constant(I64, 1))
-        i.add_incoming(nxt, done)
-        b.branch(head)
-        b.position_at_end(exit_)
+        b = ir.IRBuilder(f.append_basic_block("entry"))
+
+        def round_trip(i: ir.Value, b: ir.IRBuilder = b, f: ir.Function = f, flag: ir.Value = flag,
+                       first_store: bool = first_store) -> ir.Value:
+            odd = b.add(b.mul(i, ir.Constant(I64, 2)), ir.Constant(I64, 1))
+            even = b.add(odd, ir.Constant(I64, 1))
+            if first_store:
+                b.store_atomic(odd, flag, "release", 8)
+            wait, spin, done = (f.append_basic_block(x) for x in ("wait", "spin", "arrived"))
+            b.branch(wait)
+            b.position_at_end(wait)
+            seen = b.load_atomic(flag, "acquire", 8, typ=I64)
+            b.cbranch(b.icmp_signed("==", seen, even if first_store else odd), done, spin)
+            b.position_at_end(spin)
+            b.call(pause, [])
+            b.branch(wait)
+            b.position_at_end(done)
+            if not first_store:
+                b.store_atomic(even, flag, "release", 8)
+            return ir.Constant(I64, 1)
+        emit_loop(b, i0, n, round_trip)
         b.ret_void()
     return m
 
