@@ -150,6 +150,7 @@ def compare(exes: dict[str, Any], feeds: dict[str, np.ndarray], rounds: int = RO
         per_call[name] = time.perf_counter() - t
     calls = {n: max(3, int(ROUND_S / max(s, 1e-6))) for n, s in per_call.items()}
     out = Comparison([], {})
+    per_kernel: dict[str, dict[str, dict[str, list[float]]]] = {}   # state (or ALL) → build → kernel → seconds
     while len(out.rounds) < rounds or (len(out.rounds) < max_rounds and
                                        (deadline is None or time.perf_counter() < deadline) and
                                        any(out.paired(st) < MIN_BATCHES for st in out.seen())):
@@ -168,11 +169,11 @@ def compare(exes: dict[str, Any], feeds: dict[str, np.ndarray], rounds: int = RO
                 times.append(time.perf_counter() - t)
                 for k, v in (p or {}).items():
                     for key in (st, ALL):
-                        out.kernels.setdefault(key, {}).setdefault(name, {}).setdefault(k, []).append(v)
+                        per_kernel.setdefault(key, {}).setdefault(name, {}).setdefault(k, []).append(v)
             this[name] = (st, float(np.median(times)))
         out.rounds.append(this)
     out.kernels = {st: {n: {k: float(np.median(x)) for k, x in ks.items()} for n, ks in by.items()}
-                   for st, by in out.kernels.items()}
+                   for st, by in per_kernel.items()}
     return out
 
 
