@@ -181,6 +181,37 @@ def test_dot_tile_space(kind: str, width: str, tmp_path) -> None:
             np.testing.assert_allclose(got, want, rtol=0, atol=32 * 288 * 2.0 ** -24 * float(np.abs(want).max()))
 
 
+@pytest.mark.parametrize("m,n,relu", [(29, 33, False), (31, 34, True), (29, 37, False)])
+def test_narrow_last_panel_knob(m: int, n: int, relu: bool, width: str, tmp_path) -> None:
+    """The knob `narrow` (schedule/tile.py) on a last panel of one, two or five columns, with M off the row tile (the
+    last row block computes only its M % MR rows): "dot" (dot_edge.py: the columns as dot products along K, in one
+    vector_reduce loop, the default where it applies: at most NR/L columns) or each vector width the columns fit.
+    Every point's nest has that form, and kiln.compile with it as the record matches onnxruntime (1e-4: K = 40
+    terms summed in another order), the ReLU epilogue included."""
+    model, feeds = gemm(m=m, k=40, n=n, relu=relu)
+    t = resolve(width)
+    w = main_workload(model, t)
+    space = Space(w.kernel, t, 2, {})
+    name = next((k for k in space.default if k.endswith(":narrow")), None)
+    want = {33: ("dot", 4, 8, 16), 34: ("dot", 4, 8, 16), 37: (8, 16)}[n]
+    want = tuple(v for v in want if not isinstance(v, int) or v <= t.lanes())
+    if n == 37 and width != "avx512":  # five columns: no narrower vector than the target's, no dot edge
+        assert name is None or space.knobs[name].domain == (8,), space.knobs[name].domain
+        return
+    assert name is not None and space.knobs[name].domain == want, (sorted(space.default), want)
+    assert space.default[name] == want[0]
+    for i, how in enumerate(want):
+        cfg = {**space.default, name: how}
+        k = fresh(w.kernel)
+        schedule_kernel(k, t, 2, {}, Decisions(cfg, strict=True))
+        nest = str(k)
+        assert ("vector_reduce" in nest) == (how == "dot") and (how == "dot" or f"vector<{how}> masked" in nest), \
+            (how, nest)
+        db = db_with_best(tmp_path / f"{i}.db", model, t, lambda sp, c=cfg: c)
+        db.close()
+        compile_tuned(model, feeds, width, str(tmp_path / f"{i}.db"))
+
+
 @pytest.mark.parametrize("name", ["gemm", "conv3x3"])
 def test_prefetch_knob_emits_prefetches_and_keeps_numerics(name: str, width: str, tmp_path) -> None:
     """The knob `prefetch` (schedule/prefetch.py): 0 by default (no Prefetch in the nest); a distance puts one

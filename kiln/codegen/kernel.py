@@ -17,6 +17,7 @@ from kiln.codegen.exprs import (
     ExprEmitter,
     VectorCtx,
     elem_bytes,
+    is_float,
     prefix_store,
     vector_constant,
 )
@@ -33,6 +34,7 @@ from kiln.kernel.ir import (
     Bin,
     Call,
     Const,
+    Expr,
     If,
     Kernel,
     Local,
@@ -290,35 +292,47 @@ class KernelEmitter:
 
     def vector_reduce(self, b: ir.IRBuilder, em: ExprEmitter, s: Loop, lo: ir.Value, hi: ir.Value) -> None:
         """A reduction loop `$acc = op($acc, x(r))` run `lanes` at a time into a vector partial, the tail
-        masked with op's identity, then one horizontal reduction into $acc."""
-        (upd,) = s.body
-        assert isinstance(upd, Assign) and isinstance(upd.value, Bin)
-        assert upd.value.a == LocalRef(upd.name, upd.value.dtype), "vector_reduce wants $acc = op($acc, x)"
-        op = {"+": "sum", "*": "prod", "max": "max", "min": "min"}[upd.value.op]
-        x, dtype, n = upd.value.b, upd.value.dtype, s.lanes
-        ident = em.const(init_value(op, dtype))
-        vt = ir.VectorType(SCALAR[dtype], n)
-        part = self.entry_alloca(b, vt)
-        b.store(em.splat(ident, n), part)
+        masked with op's identity, then one horizontal reduction into $acc. Several such updates in one loop (a
+        row tile of dot products, schedule/tile.py's dot edge) each keep their own partial — independent chains
+        that share the loads they have in common — and each ends in its own horizontal reduction."""
+        ups: list[tuple[Assign, str, Expr, ir.Value]] = []
+        n = s.lanes
+        for upd in s.body:
+            assert isinstance(upd, Assign) and isinstance(upd.value, Bin)
+            assert upd.value.a == LocalRef(upd.name, upd.value.dtype, upd.slot), "vector_reduce: $acc = op($acc, x)"
+            op = {"+": "sum", "*": "prod", "max": "max", "min": "min"}[upd.value.op]
+            part = self.entry_alloca(b, ir.VectorType(SCALAR[upd.value.dtype], n))
+            b.store(em.splat(em.const(init_value(op, upd.value.dtype)), n), part)
+            ups.append((upd, op, upd.value.b, part))
         main_end = b.sub(hi, b.srem(b.sub(hi, lo), ir.Constant(I64, n)))
 
         def step(i: ir.Value, mask: ir.Value | None) -> None:
             em.vec = VectorCtx(s.var, n, i, mask)
-            xv, is_vec = em.ev(x)
-            xv = xv if is_vec else em.splat(xv)
-            if mask is not None:
-                xv = b.select(mask, xv, em.splat(ident))
-            acc = b.load(part, typ=vt)
-            b.store(em.combine(op, acc, xv, dtype), part)
+            for upd, op, x, part in ups:
+                acc = b.load(part, typ=part.allocated_type)
+                if op == "sum" and is_float(upd.value.dtype) and isinstance(x, Bin) and x.op == "*":
+                    # acc + a·b as one fused multiply-add, as in a tile's update (exprs.py binary); the tail keeps
+                    # acc in its masked-off lanes
+                    p, q, vec = em.both(em.ev(x.a), em.ev(x.b))
+                    p, q = (p, q) if vec else (em.splat(p), em.splat(q))
+                    new = em.intrinsic("llvm.fmuladd", acc.type, [p, q, acc])
+                    b.store(new if mask is None else b.select(mask, new, acc), part)
+                    continue
+                xv, is_vec = em.ev(x)
+                xv = xv if is_vec else em.splat(xv)
+                if mask is not None:
+                    xv = b.select(mask, xv, em.splat(em.const(init_value(op, upd.value.dtype))))
+                b.store(em.combine(op, acc, xv, upd.value.dtype), part)
             em.vec = None
         self.counted(b, lo, main_end, n, lambda i: step(i, None))
         rem = b.sub(hi, main_end)
         with b.if_then(b.icmp_signed(">", rem, ir.Constant(I64, 0))):
             lanes = vector_constant(I64, tuple(range(n)))
             step(main_end, b.icmp_signed("<", lanes, em.splat(rem, n)))
-        total = em.horizontal(op, b.load(part, typ=vt), dtype)
-        ptr, _ = em.local_slot(upd.name, upd.slot)
-        b.store(em.combine(op, b.load(ptr, typ=ptr.allocated_type), total, dtype), ptr)
+        for upd, op, _, part in ups:
+            total = em.horizontal(op, b.load(part, typ=part.allocated_type), upd.value.dtype)
+            ptr, _ = em.local_slot(upd.name, upd.slot)
+            b.store(em.combine(op, b.load(ptr, typ=ptr.allocated_type), total, upd.value.dtype), ptr)
 
     # -- parallel loops --------------------------------------------------------------------------------------
     def parallel(self, b: ir.IRBuilder, args: list[ir.Value], s: Loop) -> None:
