@@ -466,6 +466,28 @@ def test_stale_record_falls_back_to_default(tmp_path) -> None:
     check(model, feeds, 1e-4, tuning=str(tmp_path / "s.db"))
 
 
+def test_a_record_the_default_won_follows_the_heuristics(tmp_path) -> None:
+    """A best record equal to the configuration measured as the default when it was tuned says "the heuristics won":
+    kiln.compile then applies this Kiln's heuristics, not that old point (here the old default is simulated as another
+    row count). The same configuration tuned as a real find is applied."""
+    from kiln.tune.workload import target_key
+    model, feeds = gemm()
+    t = resolve("host")
+    w = main_workload(model, t)
+    space = Space(w.kernel, t, 2, {})
+    old = space.realize({**space.default, "0:mr": 3 if space.default["0:mr"] != 3 else 4}).config
+    assert old != space.default
+    for i, measured_as_default in enumerate((True, False)):
+        path = str(tmp_path / f"{i}.db")
+        db = db_with_best(path, model, t, lambda sp: old if signature(sp.kernel) == w.sig else None)
+        db.add(Measurement(w.sig, target_key(t, 2), old if measured_as_default else space.default, "ok", 2e-3,
+                           is_default=True))
+        db.close()
+        exe = kiln.compile(model, num_threads=2, cache=False, tuning=path)
+        assert bool(exe.meta["tuned"]) == (not measured_as_default), exe.meta["tuned"]
+        check(model, feeds, 1e-4, tuning=path)
+
+
 # -- tuning ---------------------------------------------------------------------------------------------------------
 def test_tune_dedupes_records_everything_and_applies(tmp_path) -> None:
     """Two identical layers are one workload; every measurement is a row; the best record is applied and correct."""

@@ -4,7 +4,11 @@ For each kernel of the program: its workload signature (tune/workload.py); the b
 that signature *and this target key* (CPU, features, caches, threads — records of another machine kind are never
 applied); its configuration checked against the kernel's own knob domains by scheduling a copy (a record that no
 longer fits — Kiln changed, the knobs moved — is rejected, and the kernel keeps its default schedule). A record
-equal to the default schedule changes nothing and is not reported as tuned.
+equal to the default schedule changes nothing and is not reported as tuned. Nor is a record equal to the default
+*measured when it was tuned*: it says the heuristics won (the search found nothing better, or step 5 put the record
+back), so the heuristics of this Kiln apply — were it applied as a configuration, a later change of the heuristics
+would leave the kernel pinned to the old ones (gemm_odd at AVX2: a default-won record from before the dot edge kept
+its 4-lane last panel, 1.028× the new default).
 
 Returns {kernel index: configuration} and, per kernel that runs a tuned schedule, what `exe.meta["tuned"]`
 says about it."""
@@ -34,13 +38,15 @@ def apply_tuning(prog: Program, db: TuningDatabase | None, target: Target, threa
     out = Applied()
     if db is None:
         return out
-    bests = db.bests(target_key(target, threads))
+    tkey = target_key(target, threads)
+    bests = db.bests(tkey)
     if not bests:
         return out
+    measured_default = db.defaults(tkey)
     for i, k in enumerate(prog.kernels):
         sig = signature(k)
         best = bests.get(sig)
-        if best is None:
+        if best is None or best.config == measured_default.get(sig):
             continue
         dec = Decisions(best.config, strict=True)
         try:
