@@ -51,6 +51,30 @@ def test_from_torch_matches_eager_per_width(name: str, width: str) -> None:
         assert_matches(got[0] if isinstance(got, (tuple, list)) else got, want)
 
 
+def test_from_torch_dynamic_shapes_compile_once(tmp_path: pytest.TempPathFactory) -> None:
+    """torch.export's `dynamic_shapes`: batch and sequence become Kiln's symbolic dims with the Dims' ranges (1..4,
+    1..32: the declared minimum, not the 2 torch's shape environment starts at), one compile runs every size within
+    them — the causal mask's size included — and matches eager PyTorch; a size outside is a ValueError naming the
+    bound before anything runs; the saved executable stays dynamic."""
+    module, inputs = case("transformer_sdpa_causal")
+    batch, seq = torch.export.Dim("batch", min=1, max=4), torch.export.Dim("seq", min=1, max=32)
+    exe = kiln.from_torch(module, inputs, dynamic_shapes=({0: batch, 1: seq},), num_threads=2, cache=False)
+    assert exe.meta["compilations"] == 1
+    assert exe.meta["dynamic"]["bounds"] == {"sym0": [1, 4], "sym1": [1, 32]}, exe.meta["dynamic"]
+    path = str(tmp_path / "dyn.kiln")
+    exe.save(path)
+    loaded = kiln.load(path)
+    for i, (b, n) in enumerate([(1, 1), (2, 10), (4, 32), (3, 17), (1, 5)]):
+        x = torch.randn(b, n, 32, generator=torch.Generator().manual_seed(i))
+        with torch.no_grad():
+            want = module(x)
+        run = loaded if i == 4 else exe
+        got = [torch.from_numpy(o) for o in run.run({"x": x.numpy()})]
+        assert_matches(got, list(want), what=f"batch {b}, seq {n}")
+    with pytest.raises(ValueError, match=r"outside the bounds \[1, 32\]"):
+        exe.run({"x": torch.randn(1, 33, 32).numpy()})
+
+
 def test_from_torch_several_inputs_and_int_indices() -> None:
     module, inputs = case("embeddings_gather")
     exe = kiln.from_torch(module, inputs, cache=False)

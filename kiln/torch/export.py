@@ -16,9 +16,12 @@ from kiln.frontend.torch import AtenProgram
 from kiln.torch.trace import export_core_aten
 
 
-def from_torch(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Tensor, **compile_kw: Any):  # noqa: ANN201
+def from_torch(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Tensor,  # noqa: ANN201
+               dynamic_shapes: Any = None, **compile_kw: Any):
     """Compile `module` for inputs like `example_inputs`; keywords go to kiln.compile (num_threads, strategy,
-    target, cache, ...)."""
+    target, cache, ...). `dynamic_shapes` is torch.export's (e.g. `({0: Dim("batch", max=8), 1: Dim("seq",
+    max=512)},)`): those sizes become Kiln's symbolic dims, bounded by each Dim's range (a Dim without a max: Kiln's
+    default bound), and the executable runs every size within them from one compile."""
     import kiln
 
     if isinstance(example_inputs, torch.Tensor):
@@ -29,5 +32,5 @@ def from_torch(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor] |
         if x.device.type != "cpu":
             raise ValueError(f"from_torch: example input {i} is on {x.device}; Kiln compiles for this machine's CPU")
     with torch.no_grad():
-        gm = export_core_aten(module, tuple(example_inputs))
+        gm = export_core_aten(module, tuple(example_inputs), dynamic_shapes)
     return kiln.compile(AtenProgram(gm, name=type(module).__name__), **compile_kw)

@@ -63,12 +63,14 @@ def aot_core_aten(gm: torch.fx.GraphModule, args: list[Any], frozen: set[int], s
     return Traced(agm, [i for i in range(len(args)) if i not in keep], mutated)
 
 
-def export_core_aten(module: torch.nn.Module, example_inputs: tuple[Any, ...]) -> torch.fx.GraphModule:
+def export_core_aten(module: torch.nn.Module, example_inputs: tuple[Any, ...], dynamic_shapes: Any = None
+                     ) -> torch.fx.GraphModule:
     """torch.export of a module, decomposed to Core ATen, parameters/buffers/constants frozen; the placeholders
-    left are the user inputs. A module that writes to its buffers or inputs cannot be an AOT executable."""
+    left are the user inputs (with `dynamic_shapes`, torch's shape symbols in their sizes, their ranges in its
+    shape environment). A module that writes to its buffers or inputs cannot be an AOT executable."""
     from torch.export.graph_signature import InputKind
 
-    ep = torch.export.export(module, tuple(example_inputs), strict=False)
+    ep = torch.export.export(module, tuple(example_inputs), dynamic_shapes=dynamic_shapes, strict=False)
     ep = ep.run_decompositions(decompositions())
     sig = ep.graph_signature
     written = list(sig.buffers_to_mutate.values()) + list(sig.user_inputs_to_mutate.values())
@@ -91,4 +93,8 @@ def export_core_aten(module: torch.nn.Module, example_inputs: tuple[Any, ...]) -
 
             raise UnsupportedOperator("<module>", type(module).__name__, None, f"input kind {spec.kind.name}")
     freeze(gm, placeholders, consts)
+    # each shape symbol's range as the user declared it (a Dim's min and max): the shape environment's own range
+    # starts at 2 (torch specializes sizes 0 and 1 away), which Kiln's symbolic dims need not
+    gm.meta["kiln_ranges"] = {str(sym): (int(r.lower), int(r.upper) if r.upper.is_Integer else None)
+                              for sym, r in ep.range_constraints.items() if r.lower.is_Integer}
     return gm

@@ -82,6 +82,7 @@ class TorchSymbols:
 
         names: dict[str, str] = {}
         bounds: dict[str, tuple[int, int]] = {}
+        declared = getattr(gm, "meta", {}).get("kiln_ranges", {})  # torch.export's ranges (trace.export_core_aten)
         for node in gm.graph.nodes:
             if node.op != "placeholder":
                 continue
@@ -97,6 +98,9 @@ class TorchSymbols:
                     rng = d.node.shape_env.var_to_range.get(s)
                     lo = max(1, int(rng.lower)) if rng is not None and rng.lower.is_Integer else 1
                     hi = int(rng.upper) if rng is not None and rng.upper.is_Integer else max_bound
+                    if str(s) in declared:
+                        lo, up = declared[str(s)]
+                        lo, hi = max(1, lo), up if up is not None else max_bound
                     bounds[kiln] = (lo, max(lo, min(hi, max_bound)))
         return TorchSymbols(names, bounds)
 
