@@ -25,6 +25,7 @@ from kiln.codegen.loops import emit_loop, entry_alloca
 from kiln.codegen.scalable import ScalableExprEmitter, loop_is_scalable, reduce_is_scalable
 from kiln.codegen.scalable import emit_vector_loop as emit_scalable_loop
 from kiln.codegen.scalable import emit_vector_reduce as emit_scalable_reduce
+from kiln.codegen.sme import emit_sme_tile, has_sme, match_sme_tile
 from kiln.codegen.transpose import transposed_load_group, transposed_store_group
 from kiln.kernel.analysis import coef
 from kiln.kernel.ir import (
@@ -260,7 +261,11 @@ class KernelEmitter:
             return
         if s.kind == "vector" and em.vec is None and s.lanes > 1 and isinstance(em, ScalableExprEmitter) \
                 and loop_is_scalable(s.body):
-            emit_scalable_loop(self, b, em, s, lo, hi, self.target)
+            tile = match_sme_tile(s, lambda buf: em.buffers[buf][2]) if has_sme(self.target) else None
+            if tile is not None:  # a register tile as ZA outer products (sme.py)
+                emit_sme_tile(self, b, em, s, tile, lo, hi)
+            else:
+                emit_scalable_loop(self, b, em, s, lo, hi, self.target)
             return
         if s.kind == "vector" and em.vec is None and s.lanes > 1:
             n = s.lanes

@@ -1,7 +1,10 @@
-"""The one loop skeleton codegen emits: counted loops (kernel.py) and strip-mined scalable loops (scalable.py)."""
+"""The one loop skeleton codegen emits: counted loops (kernel.py) and strip-mined scalable loops (scalable.py); and
+what the scalable and SME emitters call back into (`NestEmitter`: kernel.py's KernelEmitter), so that they need not
+import kernel.py, which imports them."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any, Protocol
 
 from llvmlite import ir
 
@@ -24,6 +27,20 @@ def emit_loop(b: ir.IRBuilder, lo: ir.Value, hi: ir.Value, body: Callable[[ir.Va
     i.add_incoming(b.add(i, step), b.block)
     b.branch(head)
     b.position_at_end(done)
+
+
+class NestEmitter(Protocol):
+    """The kernel emitter as scalable.py and sme.py use it: emit statements, stack slots, counted loops."""
+    m: ir.Module
+    name: str
+    n_par: int
+
+    def stmts(self, b: ir.IRBuilder, em: Any, body: list[Any]) -> None: ...
+
+    def entry_alloca(self, b: ir.IRBuilder, t: ir.Type) -> ir.Value: ...
+
+    def counted(self, b: ir.IRBuilder, lo: ir.Value, hi: ir.Value, step: int,
+                body: Callable[[ir.Value], None]) -> None: ...
 
 
 def entry_alloca(b: ir.IRBuilder, t: ir.Type) -> ir.Value:

@@ -49,8 +49,7 @@ from typing import TYPE_CHECKING
 from llvmlite import ir
 
 from kiln.codegen.exprs import I1, I32, I64, MEMORY, PTR, SCALAR, ExprEmitter, VectorCtx
-from kiln.codegen.loops import emit_loop
-from kiln.codegen.sme import emit_sme_tile, has_sme, match_sme_tile
+from kiln.codegen.loops import NestEmitter, emit_loop
 from kiln.kernel.analysis import coef
 from kiln.kernel.ir import (
     Assign,
@@ -72,7 +71,6 @@ from kiln.kernel.ir import (
 )
 
 if TYPE_CHECKING:
-    from kiln.codegen.kernel import KernelEmitter
     from kiln.target import Target
 
 
@@ -188,10 +186,13 @@ def reduce_is_scalable(s: Loop) -> bool:
             and loop_is_scalable(s.body))
 
 
-def count_vector_loops(kernels: list[Kernel], scalable_target: bool = True, sme: bool = False) -> dict[str, int]:
+def count_vector_loops(kernels: list[Kernel], scalable_target: bool = True,
+                       sme_tile: Callable[[Loop, Callable[[str], tuple[int, ...]]], object] | None = None
+                       ) -> dict[str, int]:
     """How the kernels' vector loops are emitted: {"scalable": n, "fixed": n} (on a scalable target, fixed =
-    the fixed-length fallback; on a fixed-width target every vector loop is fixed); with `sme`, also
-    "sme": how many of the scalable ones are ZA outer-product tiles (kiln/codegen/sme.py)."""
+    the fixed-length fallback; on a fixed-width target every vector loop is fixed); with `sme_tile` (an SME target:
+    sme.match_sme_tile), also "sme": how many of the scalable ones are ZA outer-product tiles (kiln/codegen/sme.py)."""
+    sme = sme_tile is not None
     counts = {"scalable": 0, "fixed": 0, **({"sme": 0} if sme else {})}
 
     def go(k: Kernel, ss: list[Stmt], in_vec: bool) -> None:
@@ -202,7 +203,7 @@ def count_vector_loops(kernels: list[Kernel], scalable_target: bool = True, sme:
                     ok = scalable_target and (loop_is_scalable(s.body) if s.kind == "vector"
                                               else reduce_is_scalable(s))
                     counts["scalable" if ok else "fixed"] += 1
-                    if sme and ok and match_sme_tile(s, lambda buf, k=k: k.buffer(buf).shape) is not None:
+                    if sme_tile is not None and ok and sme_tile(s, lambda buf, k=k: k.buffer(buf).shape) is not None:
                         counts["sme"] += 1
                 go(k, s.body, in_vec or vec)
             else:
@@ -221,14 +222,10 @@ def _pow2_floor(n: int) -> int:
     return p
 
 
-def emit_vector_loop(ke: KernelEmitter, b: ir.IRBuilder, em: ScalableExprEmitter, s: Loop, lo: ir.Value,
+def emit_vector_loop(ke: NestEmitter, b: ir.IRBuilder, em: ScalableExprEmitter, s: Loop, lo: ir.Value,
                      hi: ir.Value, target: Target) -> None:
-    """The strip-mined loop described in the module docstring (an SME target: ZA outer products, sme.py)."""
-    if has_sme(target):
-        tile = match_sme_tile(s, lambda buf: em.buffers[buf][2])
-        if tile is not None:
-            emit_sme_tile(ke, b, em, s, tile, lo, hi)
-            return
+    """The strip-mined loop described in the module docstring (on an SME target, kernel.py first gives the tiles
+    that fit to sme.py)."""
     n = _pow2_floor(target.scalable_count(s.lanes))
 
     def strip(i: ir.Value, evl: ir.Value) -> None:
@@ -254,7 +251,7 @@ def strip_mined(b: ir.IRBuilder, em: ScalableExprEmitter, lo: ir.Value, hi: ir.V
     emit_loop(b, lo, hi, strip, ("shead", "sbody", "sdone"))
 
 
-def emit_vector_reduce(ke: KernelEmitter, b: ir.IRBuilder, em: ScalableExprEmitter, s: Loop, lo: ir.Value,
+def emit_vector_reduce(ke: NestEmitter, b: ir.IRBuilder, em: ScalableExprEmitter, s: Loop, lo: ir.Value,
                        hi: ir.Value, target: Target) -> None:
     """A `vector_reduce` loop `$acc = op($acc, x(r))` strip-mined like a vector loop into a scalable partial
     (lanes past evl take op's identity through vp.merge), then one `llvm.vector.reduce.*` into $acc:

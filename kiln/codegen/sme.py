@@ -34,12 +34,12 @@ from typing import TYPE_CHECKING
 from llvmlite import ir
 
 from kiln.codegen.exprs import F32, I1, I32, I64, PTR
+from kiln.codegen.loops import NestEmitter
+from kiln.codegen.scalable import ScalableCtx, ScalableExprEmitter, ScalableVectorType, _retyping, strip_mined
 from kiln.kernel.analysis import coef, flat_index
 from kiln.kernel.ir import Assign, Bin, Const, Expr, Load, Local, LocalRef, Loop, Stmt, Store, Var, walk
 
 if TYPE_CHECKING:
-    from kiln.codegen.kernel import KernelEmitter
-    from kiln.codegen.scalable import ScalableExprEmitter
     from kiln.target import Target
 
 ZA_TILES_S = 4     # ZA0.S–ZA3.S
@@ -120,10 +120,9 @@ def _stores(s: Stmt) -> list[Store]:
     return out
 
 
-def emit_sme_tile(ke: KernelEmitter, b: ir.IRBuilder, em: ScalableExprEmitter, s: Loop, tile: SmeTile,
+def emit_sme_tile(ke: NestEmitter, b: ir.IRBuilder, em: ScalableExprEmitter, s: Loop, tile: SmeTile,
                   lo: ir.Value, hi: ir.Value) -> None:
     """Outline the tile loop into a streaming, ZA-owning function and call it with a context array."""
-    from kiln.codegen.scalable import ScalableExprEmitter
 
     names = list(em.buffers)
     env = [k for k, v in em.env.items() if isinstance(v.type, ir.IntType) and v.type.width == 64]
@@ -154,9 +153,8 @@ def emit_sme_tile(ke: KernelEmitter, b: ir.IRBuilder, em: ScalableExprEmitter, s
     fb.ret_void()
 
 
-def _emit_body(ke: KernelEmitter, b: ir.IRBuilder, em: ScalableExprEmitter, s: Loop, tile: SmeTile,
+def _emit_body(ke: NestEmitter, b: ir.IRBuilder, em: ScalableExprEmitter, s: Loop, tile: SmeTile,
                lo: ir.Value, hi: ir.Value) -> None:
-    from kiln.codegen.scalable import ScalableCtx, ScalableVectorType, _retyping, strip_mined
 
     n, mr = 4, tile.local.count  # <vscale x 4 x float>: one streaming vector (SVL/32 lanes)
     vt, mt = ScalableVectorType(F32, n), ScalableVectorType(I1, n)

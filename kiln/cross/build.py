@@ -109,7 +109,7 @@ def build_binary(model: onnx.ModelProto | str | bytes | os.PathLike, target: str
                  precision: str = "fp32") -> CrossBinary:
     """Compile `model` for `target` into `workdir` (model.o, model.s, weights.bin, driver); see kiln.cross."""
     from kiln.codegen.scalable import count_vector_loops
-    from kiln.codegen.sme import has_sme
+    from kiln.codegen.sme import has_sme, match_sme_tile
 
     t = resolve(target)
     if strategy not in CROSS_STRATEGIES:
@@ -134,7 +134,7 @@ def build_binary(model: onnx.ModelProto | str | bytes | os.PathLike, target: str
         arena_bytes=int(c.plan.arena_bytes),
         inputs=[IOSpec(v.name, v.dtype, tuple(v.shape)) for v in g.inputs],
         outputs=[IOSpec(n, v.dtype, tuple(v.shape)) for n, v in zip(g.output_names, g.outputs)],
-        vector_loops=count_vector_loops(c.program.kernels, t.scalable, has_sme(t)),
+        vector_loops=count_vector_loops(c.program.kernels, t.scalable, match_sme_tile if has_sme(t) else None),
         kernel_functions=list(c.kernel_functions), compile_s=time.perf_counter() - start,
         strategies={node: how for k in c.program.kernels for node, how in k.strategies.items()})
 
