@@ -66,17 +66,18 @@ def dot_edge_operands(red: Reduce, m_v: Var, n_v: Var) -> tuple[Load, Load] | No
 
 
 def dot_edge(k: Kernel, c: Compute, red: Reduce, operands: tuple[Load, Load], m_v: Var, n_v: Var, mo: Var,
-             mr: int, last_col: int, rem: int, lanes: int, tag: str,
+             mr: int, nr: int, last_panel: int, rem: int, lanes: int, tag: str,
              panels: Callable[[Expr, Var], Expr]) -> tuple[list[Stmt], Callable[[int], list[Stmt]]]:
-    """The copy of the last `rem` columns (from column `last_col`) into Bt, and `tile(rows)`: the dot edge of
-    one row tile (rows MR, or a static M's last M % MR). `panels(expr, j)` folds the packed panel index of column
-    last_col + j (tile.simplify_panels)."""
+    """The copy of the last panel's `rem` columns into Bt, and `tile(rows)`: the dot edge of one row tile (rows MR,
+    or a static M's last M % MR). `panels(expr, j)` folds a packed panel index (p·NR + j) // NR → p and
+    (p·NR + j) % NR → j (tile.simplify_panels), so the copy reads Bp[last, r, j] directly."""
     a, b = operands
     r, K = red.axes[0]
+    last_col = last_panel * nr
     bt = Buffer(f"edge{tag}", b.dtype, (rem, int(K)))
     k.scratch.append(bt)
-    j, rc = Var(f"{n_v.name}e"), Var(f"{r.name}e")
-    src = panels(substitute(b, {n_v: Const(last_col, "int64") + j, r: rc}), j)
+    j, rc, p = Var(f"{n_v.name}e"), Var(f"{r.name}e"), Var(f"{n_v.name}p")
+    src = substitute(panels(substitute(b, {n_v: p * nr + j, r: rc}), j), {p: Const(last_panel, "int64")})
     copy: list[Stmt] = [Loop(j, Const(rem, "int64"), [Loop(rc, Const(int(K), "int64"),
                                                             [Store(bt.name, (j, rc), src)])])]
     acc = f"dot{tag}"

@@ -524,7 +524,7 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
     if narrow_last:  # the last panel's narrow tile; the full panels need no masks
         last = cmp("==", no, Const(n_no - 1, "int64"))
         if w == "dot":
-            copy, dot_tile = dot_edge(k, c, red, dot, m_v, n_v, mo, t.mr, (n_no - 1) * t.nr, rem, t.lanes, tag,
+            copy, dot_tile = dot_edge(k, c, red, dot, m_v, n_v, mo, t.mr, t.nr, n_no - 1, rem, t.lanes, tag,
                                       lambda e, j: simplify_panels(e, j, t.nr))
             pre += copy
             edge = dot_tile(t.mr) if M % t.mr == 0 else \
