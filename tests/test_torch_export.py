@@ -52,15 +52,15 @@ def test_from_torch_matches_eager_per_width(name: str, width: str) -> None:
 
 
 def test_from_torch_dynamic_shapes_compile_once(tmp_path: pytest.TempPathFactory) -> None:
-    """torch.export's `dynamic_shapes`: batch and sequence become Kiln's symbolic dims with the Dims' ranges (1..4,
-    1..32: the declared minimum, not the 2 torch's shape environment starts at), one compile runs every size within
-    them — the causal mask's size included — and matches eager PyTorch; a size outside is a ValueError naming the
-    bound before anything runs; the saved executable stays dynamic."""
+    """torch.export's `dynamic_shapes`: batch and sequence become Kiln's symbolic dims, named and bounded as the
+    Dims (1..4, 1..32: the declared minimum, not the 2 torch's shape environment starts at); one compile runs every
+    size within them — the causal mask's size included — and matches eager PyTorch; a size outside is a ValueError
+    naming the dim and its bounds before anything runs; the saved executable stays dynamic."""
     module, inputs = case("transformer_sdpa_causal")
     batch, seq = torch.export.Dim("batch", min=1, max=4), torch.export.Dim("seq", min=1, max=32)
     exe = kiln.from_torch(module, inputs, dynamic_shapes=({0: batch, 1: seq},), num_threads=2, cache=False)
     assert exe.meta["compilations"] == 1
-    assert exe.meta["dynamic"]["bounds"] == {"sym0": [1, 4], "sym1": [1, 32]}, exe.meta["dynamic"]
+    assert exe.meta["dynamic"]["bounds"] == {"batch": [1, 4], "seq": [1, 32]}, exe.meta["dynamic"]  # the Dims' names
     path = str(tmp_path / "dyn.kiln")
     exe.save(path)
     loaded = kiln.load(path)
@@ -71,8 +71,22 @@ def test_from_torch_dynamic_shapes_compile_once(tmp_path: pytest.TempPathFactory
         run = loaded if i == 4 else exe
         got = [torch.from_numpy(o) for o in run.run({"x": x.numpy()})]
         assert_matches(got, list(want), what=f"batch {b}, seq {n}")
-    with pytest.raises(ValueError, match=r"outside the bounds \[1, 32\]"):
+    with pytest.raises(ValueError, match=r"'seq' = 33 .* outside the bounds \[1, 32\]"):
         exe.run({"x": torch.randn(1, 33, 32).numpy()})
+
+
+def test_from_torch_dynamic_shapes_by_argument_name() -> None:
+    """`dynamic_shapes` as a dict by the forward's argument names; a Dim named like Kiln's own symbols (`sym0`) keeps
+    its name and does not collide with them. Every size in the range matches eager PyTorch."""
+    module, inputs = case("mlp_activations")
+    exe = kiln.from_torch(module, inputs, dynamic_shapes={"x": {0: torch.export.Dim("sym0", min=1, max=16)}},
+                          num_threads=2, cache=False)
+    assert exe.meta["dynamic"]["bounds"] == {"sym0": [1, 16]}, exe.meta["dynamic"]
+    for rows in (1, 5, 16):
+        x = torch.randn(rows, inputs[0].shape[1], generator=torch.Generator().manual_seed(rows))
+        with torch.no_grad():
+            want = module(x)
+        assert_matches([torch.from_numpy(o) for o in exe.run({"x": x.numpy()})], list(want), what=f"{rows} rows")
 
 
 def test_from_torch_several_inputs_and_int_indices() -> None:

@@ -97,4 +97,29 @@ def export_core_aten(module: torch.nn.Module, example_inputs: tuple[Any, ...], d
     # starts at 2 (torch specializes sizes 0 and 1 away), which Kiln's symbolic dims need not
     gm.meta["kiln_ranges"] = {str(sym): (int(r.lower), int(r.upper) if r.upper.is_Integer else None)
                               for sym, r in ep.range_constraints.items() if r.lower.is_Integer}
+    gm.meta["kiln_names"] = _dim_names(module, [n for n in gm.graph.nodes if n.op == "placeholder"], dynamic_shapes)
     return gm
+
+
+def _dim_names(module: torch.nn.Module, inputs: list[torch.fx.Node], dynamic_shapes: Any) -> dict[str, str]:
+    """torch shape symbol → the name of the `Dim` the user gave it in `dynamic_shapes` (per positional input, or
+    by argument name), for the dims that are that symbol alone: Kiln's symbolic dims, bounds and errors then say
+    `seq`, not `sym1`."""
+    import inspect
+
+    if dynamic_shapes is None:
+        return {}
+    if isinstance(dynamic_shapes, dict):
+        params = list(inspect.signature(module.forward).parameters)
+        specs = [dynamic_shapes.get(p) for p in params[:len(inputs)]]
+    else:
+        specs = list(dynamic_shapes)
+    names: dict[str, str] = {}
+    for node, spec in zip(inputs, specs):
+        shape = getattr(node.meta.get("val"), "shape", ())
+        dims = spec.items() if isinstance(spec, dict) else enumerate(spec or ())
+        for axis, dim in dims:
+            name = getattr(dim, "__name__", None)
+            if name and axis < len(shape) and isinstance(shape[axis], torch.SymInt) and shape[axis].node.expr.is_Symbol:
+                names[str(shape[axis].node.expr)] = name
+    return names

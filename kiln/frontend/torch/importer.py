@@ -71,8 +71,9 @@ class TorchSymbols:
     """torch's shape symbols (a graph traced with dynamic shapes: `torch.compile(..., dynamic=True)`) as Kiln's
     symbolic dims: each torch symbol ("s33", numbered by torch's ShapeEnv) gets a Kiln name by its first appearance
     in the graph's inputs ("sym0", "sym1", ...: the same graph names its symbols the same in every process, so the
-    compile cache finds it), and inclusive bounds — torch's value range, capped at `max_bound` (tensors are laid
-    out at their upper bounds: kernel/dynamic.py)."""
+    compile cache finds it) — or, exported with `dynamic_shapes`, its Dim's name ("seq") —, and inclusive bounds:
+    torch's value range (the Dim's declared range), capped at `max_bound` (tensors are laid out at their upper
+    bounds: kernel/dynamic.py)."""
     names: dict[str, str] = field(default_factory=dict)               # torch symbol → Kiln symbol
     bounds: dict[str, tuple[int, int]] = field(default_factory=dict)  # Kiln symbol → (lo, hi)
 
@@ -82,7 +83,8 @@ class TorchSymbols:
 
         names: dict[str, str] = {}
         bounds: dict[str, tuple[int, int]] = {}
-        declared = getattr(gm, "meta", {}).get("kiln_ranges", {})  # torch.export's ranges (trace.export_core_aten)
+        meta = getattr(gm, "meta", {})  # torch.export's ranges and Dim names (trace.export_core_aten)
+        declared, dim_names = meta.get("kiln_ranges", {}), meta.get("kiln_names", {})
         for node in gm.graph.nodes:
             if node.op != "placeholder":
                 continue
@@ -94,7 +96,10 @@ class TorchSymbols:
                 for s in sorted(d.node.expr.free_symbols, key=str):
                     if str(s) in names:
                         continue
-                    kiln = names[str(s)] = f"sym{len(names)}"
+                    given, taken = dim_names.get(str(s), ""), set(names.values()) | set(dim_names.values())
+                    fresh = (f"sym{i}" for i in range(len(names), len(names) + len(taken) + 1))
+                    kiln = names[str(s)] = given if given.isidentifier() and given not in names.values() else \
+                        next(n for n in fresh if n not in taken)
                     rng = d.node.shape_env.var_to_range.get(s)
                     lo = max(1, int(rng.lower)) if rng is not None and rng.lower.is_Integer else 1
                     hi = int(rng.upper) if rng is not None and rng.upper.is_Integer else max_bound
