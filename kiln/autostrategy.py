@@ -21,6 +21,7 @@ import time
 
 import numpy as np
 
+from kiln.cachedir import atomic_path
 from kiln.graph.ir import Graph, Node, Value
 from kiln.strategy import LIBRARIES, strategy_of
 from kiln.target import Target, host
@@ -118,10 +119,8 @@ def choose(n: Node, target: Target, threads: int, options: dict[str, bool]) -> d
         if built == s:  # a fallback would only re-measure direct
             times[s] = sec
     decision = {"best": min(times, key=times.__getitem__), "times": times}
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
+    with atomic_path(path) as tmp, open(tmp, "w") as f:
         json.dump(decision, f)
-    os.replace(tmp, path)
     return decision
 
 

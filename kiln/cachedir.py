@@ -1,7 +1,11 @@
-"""Kiln's cache directory: compiled modules, strategy decisions, the tuning database."""
+"""Kiln's cache directory: compiled modules, strategy decisions, the tuning database — and how files in it (and
+the executables Kiln saves) are written: under a temporary name, renamed over the target when complete."""
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+from collections.abc import Iterator
 
 
 def cache_dir() -> str:
@@ -9,3 +13,17 @@ def cache_dir() -> str:
     d = os.environ.get("KILN_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "kiln")
     os.makedirs(d, exist_ok=True)
     return d
+
+
+@contextlib.contextmanager
+def atomic_path(path: str) -> Iterator[str]:
+    """A temporary path beside `path` to write the file to; renamed over `path` when the block ends normally, removed
+    when it raises. A concurrent reader — another process taking the cache entry, an executable that mapped the old
+    file's weights — sees the old file or the whole new one, never a truncated one."""
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.part"
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)

@@ -252,3 +252,21 @@ def test_output_that_is_an_input_or_view_is_copied() -> None:
     np.testing.assert_array_equal(a, xv)
     np.testing.assert_array_equal(b, xv.reshape(3, 4))
     np.testing.assert_array_equal(c, xv)
+
+
+def test_atomic_path_renames_when_complete_and_leaves_the_old_file_on_error(tmp_path) -> None:  # noqa: ANN001
+    """kiln.cachedir.atomic_path (Executable.save, the pool's and the strategy cache's entries, the corpus, the QEMU
+    plugin): the new file replaces the old only when its writer finished; a writer that raises leaves the old file
+    as it was and no temporary file behind."""
+    from kiln.cachedir import atomic_path
+    target = tmp_path / "entry.bin"
+    target.write_bytes(b"old")
+    with atomic_path(str(target)) as tmp, open(tmp, "wb") as f:
+        f.write(b"new")
+        assert target.read_bytes() == b"old"  # not yet renamed while the writer runs
+    assert target.read_bytes() == b"new"
+    with pytest.raises(RuntimeError), atomic_path(str(target)) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(b"half")
+        raise RuntimeError("the writer failed")
+    assert target.read_bytes() == b"new" and sorted(p.name for p in tmp_path.iterdir()) == ["entry.bin"]

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kiln.cachedir import atomic_path
+
 FAMILIES_DOC = {
     "bert": "text encoder: BERT-style post-LN, learned positions, token types, padding mask, erf GELU, tanh pooler",
     "llama": "decoder-only LM: RMSNorm, rotary embeddings, grouped-query attention (repeat_kv), causal mask, SwiGLU",
@@ -122,8 +124,7 @@ def export(name: str, exporter: str, directory: str | None = None) -> str:
     import torch
 
     f, m = family(name), module(name)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with torch.no_grad():
+    with torch.no_grad(), atomic_path(path) as tmp:
         if exporter == "torchscript":
             torch.onnx.export(m, f.inputs(), tmp, dynamo=False, opset_version=EXPORTERS[exporter],
                               input_names=list(f.input_names), output_names=list(f.output_names))
@@ -131,7 +132,6 @@ def export(name: str, exporter: str, directory: str | None = None) -> str:
             prog = torch.onnx.export(m, f.inputs(), dynamo=True, opset_version=EXPORTERS[exporter],
                                      input_names=list(f.input_names), output_names=list(f.output_names))
             prog.save(tmp)
-    os.replace(tmp, path)
     return path
 
 

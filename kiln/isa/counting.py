@@ -22,6 +22,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from kiln.cachedir import atomic_path
 from kiln.isa.classify import classify
 
 PLUGIN_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "plugin.c")
@@ -90,12 +91,11 @@ def plugin_path() -> str:
     cc = find_tool("gcc", "cc")
     if cc is None:
         raise ToolMissing("no host C compiler (gcc) to build the QEMU plugin")
-    tmp = f"{out}.{os.getpid()}.tmp"
-    proc = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-Wall", "-o", tmp,
-                           PLUGIN_SOURCE, "-lpthread"], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"building the QEMU plugin failed:\n{proc.stderr}")
-    os.replace(tmp, out)
+    with atomic_path(out) as tmp:
+        proc = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-Wall", "-o", tmp,
+                               PLUGIN_SOURCE, "-lpthread"], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"building the QEMU plugin failed:\n{proc.stderr}")
     return out
 
 

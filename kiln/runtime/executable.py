@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from kiln.cachedir import atomic_path
 from kiln.codegen.bounds import RECORD_ACCESSOR, RECORD_LEN
 from kiln.codegen.jit import LoadedObject
 from kiln.codegen.module import ENTRY
@@ -218,18 +219,12 @@ class Executable:
         """Written under a temporary name, then renamed over `path`: a process that mapped the old file's weights
         (`load(map_weights=True)`) keeps reading the old file, never a truncated one."""
         names = ["module.o"] if len(self.objs) == 1 else [f"module{i}.o" for i in range(len(self.objs))]
-        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.part"
-        try:
-            with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as z:
-                z.writestr("meta.json", json.dumps({**self.meta, "format": FORMAT_VERSION,
-                                                    "target_key": self.target.key, "objects": names}))
-                for name, obj in zip(names, self.objs):
-                    z.writestr(name, obj)
-                z.writestr(_page_aligned("weights.bin", z.fp.tell()), self._weights.data)
-            os.replace(tmp, path)
-        finally:
-            with contextlib.suppress(OSError):
-                os.remove(tmp)
+        with atomic_path(path) as tmp, zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as z:
+            z.writestr("meta.json", json.dumps({**self.meta, "format": FORMAT_VERSION,
+                                                "target_key": self.target.key, "objects": names}))
+            for name, obj in zip(names, self.objs):
+                z.writestr(name, obj)
+            z.writestr(_page_aligned("weights.bin", z.fp.tell()), self._weights.data)
 
     @staticmethod
     def load(path: str | io.BytesIO, num_threads: int | None = None, map_weights: bool = False) -> Executable:

@@ -28,6 +28,7 @@ import os
 
 from llvmlite import ir
 
+from kiln.cachedir import atomic_path
 from kiln.codegen.loops import entry_alloca
 
 I1, I32, I64 = ir.IntType(1), ir.IntType(32), ir.IntType(64)
@@ -340,11 +341,8 @@ def _load_cached(text: str, tgt):  # noqa: ANN001, ANN202 - Target → LoadedObj
 
 def _store(text: str, tgt, obj: bytes) -> None:  # noqa: ANN001
     try:
-        path = _cache_path(text, tgt)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
+        with atomic_path(_cache_path(text, tgt)) as tmp, open(tmp, "wb") as f:
             f.write(hashlib.sha256(obj).digest() + obj)
-        os.replace(tmp, path)  # atomic: a concurrent reader sees the old file or the whole new one
     except OSError:  # a read-only cache directory: the pool is compiled per process, as before
         pass
 
