@@ -476,15 +476,20 @@ class ExprEmitter:
             return f32_to_bf16(self.b, val, native_rounding(self.target))
         return val
 
+    def mul_add(self, prod: Bin, c: Callable[[], tuple[ir.Value, bool]]) -> tuple[ir.Value, bool]:
+        """prod.a · prod.b + c() as one fused multiply-add (llvm.fmuladd: FMA where it exists), vector if any is;
+        c() is emitted after the product's operands."""
+        x, y, v1 = self.both(self.ev(prod.a), self.ev(prod.b))
+        _, c_val, vec = self.both((x, v1), c())
+        if vec and not v1:
+            x, y = self.splat(x), self.splat(y)
+        return self.intrinsic("llvm.fmuladd", c_val.type, [x, y, c_val]), vec
+
     def binary(self, e: Bin) -> tuple[ir.Value, bool]:
-        if e.op == "+" and is_float(e.dtype):  # a*b + c → one fused multiply-add (llvm.fmuladd: FMA where it exists)
+        if e.op == "+" and is_float(e.dtype):  # a*b + c → one fused multiply-add
             for prod, other in ((e.a, e.b), (e.b, e.a)):
                 if isinstance(prod, Bin) and prod.op == "*":
-                    x, y, v1 = self.both(self.ev(prod.a), self.ev(prod.b))
-                    p, c, vec = self.both((x, v1), self.ev(other))
-                    if vec and not v1:
-                        x, y = self.splat(x), self.splat(y)
-                    return self.intrinsic("llvm.fmuladd", c.type, [x, y, c]), vec
+                    return self.mul_add(prod, lambda other=other: self.ev(other))
         a, b, vec = self.both(self.ev(e.a), self.ev(e.b))
         dt, fl, op = e.a.dtype, is_float(e.a.dtype), e.op
         B = self.b

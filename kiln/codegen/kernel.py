@@ -316,11 +316,9 @@ class KernelEmitter:
             for upd, op, x, part in ups:
                 acc = b.load(part, typ=part.allocated_type)
                 if op == "sum" and is_float(upd.value.dtype) and isinstance(x, Bin) and x.op == "*":
-                    # acc + a·b as one fused multiply-add, as in a tile's update (exprs.py binary); the tail keeps
-                    # acc in its masked-off lanes
-                    p, q, vec = em.both(em.ev(x.a), em.ev(x.b))
-                    p, q = (p, q) if vec else (em.splat(p), em.splat(q))
-                    new = em.intrinsic("llvm.fmuladd", acc.type, [p, q, acc])
+                    # acc + a·b as one fused multiply-add, as in a tile's update; the tail keeps acc in its
+                    # masked-off lanes
+                    new, _ = em.mul_add(x, lambda acc=acc: (acc, True))
                     b.store(new if mask is None else b.select(mask, new, acc), part)
                     continue
                 xv, is_vec = em.ev(x)

@@ -192,8 +192,7 @@ def count_vector_loops(kernels: list[Kernel], scalable_target: bool = True,
     """How the kernels' vector loops are emitted: {"scalable": n, "fixed": n} (on a scalable target, fixed =
     the fixed-length fallback; on a fixed-width target every vector loop is fixed); with `sme_tile` (an SME target:
     sme.match_sme_tile), also "sme": how many of the scalable ones are ZA outer-product tiles (kiln/codegen/sme.py)."""
-    sme = sme_tile is not None
-    counts = {"scalable": 0, "fixed": 0, **({"sme": 0} if sme else {})}
+    counts = {"scalable": 0, "fixed": 0, **({"sme": 0} if sme_tile is not None else {})}
 
     def go(k: Kernel, ss: list[Stmt], in_vec: bool) -> None:
         for s in ss:

@@ -76,6 +76,7 @@ from kiln.kernel.ir import (
     cmp,
     minimum,
     substitute,
+    uses_var,
     walk,
 )
 from kiln.runtime.amx import usable
@@ -92,10 +93,6 @@ PARTS_PER_THREAD = 4
 
 def _i(v: int) -> Const:
     return Const(int(v), "int64")
-
-
-def _depends(e: Expr, v: Var) -> bool:
-    return any(x == v for x in walk(e))
 
 
 @dataclass
@@ -143,8 +140,8 @@ def schedule_amx(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
     prod = red.body
     if not (isinstance(prod, Bin) and prod.op == "*"):
         return None
-    b, a = (prod.b, prod.a) if _depends(prod.b, n_v) else (prod.a, prod.b)
-    if not (isinstance(a, Load) and isinstance(b, Load) and a.dtype == b.dtype == "bfloat16") or _depends(a, n_v):
+    b, a = (prod.b, prod.a) if uses_var(prod.b, n_v) else (prod.a, prod.b)
+    if not (isinstance(a, Load) and isinstance(b, Load) and a.dtype == b.dtype == "bfloat16") or uses_var(a, n_v):
         return None
     K = int(np.prod([e for _, e in red.axes]))
     pre: list[Stmt] = []
@@ -183,9 +180,9 @@ def _activation_matmul(c: Compute) -> Compute | None:
         return None
     m_v, n_v = c.axes[-2], c.axes[-1]
     x, y = reds[0].body.a, reds[0].body.b
-    b, a = (y, x) if _depends(y, n_v) else (x, y)
-    if not (isinstance(a, Load) and isinstance(b, Load)) or _depends(a, n_v) or _depends(b, m_v) \
-            or not _depends(a, m_v) or not _depends(b, n_v):
+    b, a = (y, x) if uses_var(y, n_v) else (x, y)
+    if not (isinstance(a, Load) and isinstance(b, Load)) or uses_var(a, n_v) or uses_var(b, m_v) \
+            or not uses_var(a, m_v) or not uses_var(b, n_v):
         return None
     return Compute(c.out, c.axes, c.extents, c.body, c.store,
                    {**c.hints, "nr": 32 if c.extents[-1] > 16 else 16, "m_axis": -2, "n_axis": -1})
@@ -237,7 +234,7 @@ def _vnni_panels(k: Kernel, b: Load, red: Reduce, n_v: Var, nr: int, K: int) -> 
     flat = simplify_panels(substitute(flat_index(b.index, shape), {n_v: j * nr + ni}), ni, nr)
     zero = _i(0)
     base = substitute(flat, {j: zero, ni: zero, **{v: zero for v, _ in red.axes}})
-    if _depends(base, j) or _depends(base, ni) or any(_depends(base, v) for v, _ in red.axes):
+    if uses_var(base, j) or uses_var(base, ni) or any(uses_var(base, v) for v, _ in red.axes):
         return None
     rng = np.random.default_rng(0)
     panels = max(1, int(np.prod(shape)) // (kp * nr))
@@ -307,7 +304,7 @@ def _pack(k: Kernel, c: Compute, a: Load, red: Reduce, row_axes: tuple[Var, ...]
         c = flatten_rows(Compute(c.out, c.axes, c.extents, c.body, c.store, hints))
         red = next(e for e in walk(c.body) if isinstance(e, Reduce))
         prod = red.body
-        a = prod.a if isinstance(prod, Bin) and not _depends(prod.a, c.axes[-1]) else prod.b
+        a = prod.a if isinstance(prod, Bin) and not uses_var(prod.a, c.axes[-1]) else prod.b
         if not isinstance(a, Load):
             return None
     m_v = c.axes[c.hints["m_axis"] % len(c.axes)]

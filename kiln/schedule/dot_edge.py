@@ -36,13 +36,10 @@ from kiln.kernel.ir import (
     Var,
     init_value,
     substitute,
+    uses_var,
     walk,
 )
 from kiln.schedule.primitives import combine
-
-
-def _uses(e: Expr, v: Var) -> bool:
-    return any(x == v for x in walk(e))
 
 
 def dot_edge_operands(red: Reduce, m_v: Var, n_v: Var) -> tuple[Load, Load] | None:
@@ -53,11 +50,11 @@ def dot_edge_operands(red: Reduce, m_v: Var, n_v: Var) -> tuple[Load, Load] | No
         return None
     r = red.axes[0][0]
     loads = [e for e in walk(red.body) if isinstance(e, Load)]
-    a = [x for x in loads if _uses(x, m_v) and not _uses(x, n_v)]
-    b = [x for x in loads if _uses(x, n_v) and not _uses(x, m_v)]
+    a = [x for x in loads if uses_var(x, m_v) and not uses_var(x, n_v)]
+    b = [x for x in loads if uses_var(x, n_v) and not uses_var(x, m_v)]
     if len(loads) != 2 or len(a) != 1 or len(b) != 1:
         return None
-    if a[0].index[-1] != r or any(_uses(i, r) for i in a[0].index[:-1]):
+    if a[0].index[-1] != r or any(uses_var(i, r) for i in a[0].index[:-1]):
         return None
     # B copied once before the parallel loop: it may depend on the column and r only (not a batch axis)
     if any(isinstance(x, Var) and x not in (n_v, r) for x in walk(b[0])):

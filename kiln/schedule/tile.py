@@ -51,6 +51,7 @@ from kiln.kernel.ir import (
     minimum,
     rebuild,
     substitute,
+    uses_var,
     walk,
 )
 from kiln.schedule.config import Decisions, divisors, powers_of_two
@@ -85,10 +86,6 @@ class TileShape:
     dot_edge: bool = False
 
 
-def _depends(e: Expr, v: Var) -> bool:
-    return any(x == v for x in walk(e))
-
-
 def choose_tile(k: Kernel, c: Compute, target: Target, dec: Decisions | None = None) -> TileShape | None:
     """The register tile of a reduction with a shared vector operand, or None. Its rows (mr), its width in vectors
     (unpacked operands: the packed ones have their panel width), the flattening of conv rows and the input-channel
@@ -114,8 +111,8 @@ def choose_tile(k: Kernel, c: Compute, target: Target, dec: Decisions | None = N
     for ai, (v, ext) in enumerate(zip(c.axes[:-1], map(hint, c.extents[:-1]))):
         if ext < 2:
             continue
-        shared = any(_depends(ld, nv) and not _depends(ld, v) for ld in loads)
-        bcast = any(_depends(ld, v) and not _depends(ld, nv) for ld in loads)
+        shared = any(uses_var(ld, nv) and not uses_var(ld, v) for ld in loads)
+        bcast = any(uses_var(ld, v) and not uses_var(ld, nv) for ld in loads)
         if shared and bcast and (best is None or ext > best[1]):
             best = (ai, ext)
     if best is None:
@@ -225,7 +222,7 @@ def _taps_along(c: Compute, red: Reduce, m_v: Var) -> int:
     step of m does: their reads overlap those of neighbouring tile rows."""
     taps = 1
     for ld in walk(red.body):
-        if not isinstance(ld, Load) or not _depends(ld, m_v):
+        if not isinstance(ld, Load) or not uses_var(ld, m_v):
             continue
         flat = ld.index[-1]  # m is the innermost spatial axis: compare strides along the last index
         cm = coef(flat, m_v)
@@ -277,7 +274,7 @@ def packable_rows(c: Compute, red: Reduce, t: TileShape) -> Load | None:
         return None
     if len(red.axes) != 1 or M < 2 * t.mr or any(e != 1 for e in others) or red.axes[0][1] < 64:
         return None
-    rows = [ld for ld in walk(red.body) if isinstance(ld, Load) and _depends(ld, m_v) and not _depends(ld, n_v)]
+    rows = [ld for ld in walk(red.body) if isinstance(ld, Load) and uses_var(ld, m_v) and not uses_var(ld, n_v)]
     if len(rows) != 1:
         return None
     a = rows[0]

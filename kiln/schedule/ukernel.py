@@ -81,6 +81,7 @@ from kiln.kernel.ir import (
     cmp,
     minimum,
     substitute,
+    uses_var,
     walk,
 )
 from kiln.schedule.config import Decisions, powers_of_two
@@ -92,10 +93,6 @@ from kiln.ukernels import UKernel, narrow_cols, pack_kernel_for, ukernel_for
 
 def _i(v: int) -> Const:
     return Const(int(v), "int64")
-
-
-def _depends(e: Expr, v: Var) -> bool:
-    return any(x == v for x in walk(e))
 
 
 def _eval_index(e: Expr, env: dict[str, int]) -> int | None:
@@ -124,7 +121,7 @@ def _panel_operand(red: Reduce, n_v: Var, nr: int, shape_of, others: list[tuple[
     if not (isinstance(body, Bin) and body.op == "*"):
         return None
     for b, a in ((body.b, body.a), (body.a, body.b)):
-        if isinstance(b, Load) and _depends(b, n_v) and not _depends(a, n_v):
+        if isinstance(b, Load) and uses_var(b, n_v) and not uses_var(a, n_v):
             break
     else:
         return None

@@ -42,12 +42,14 @@ def apply_tuning(prog: Program, db: TuningDatabase | None, target: Target, threa
     bests = db.bests(tkey)
     if not bests:
         return out
-    measured_default = db.defaults(tkey)
     for i, k in enumerate(prog.kernels):
         sig = signature(k)
         best = bests.get(sig)
-        if best is None or best.config == measured_default.get(sig):
+        if best is None:
             continue
+        measured = db.default_of(sig, tkey)  # (an indexed lookup, only for kernels that have a record)
+        if measured is not None and best.config == measured[0]:
+            continue  # the heuristics won when it was tuned: this Kiln's heuristics apply (module docstring)
         dec = Decisions(best.config, strict=True)
         try:
             schedule_kernel(fresh(k), target, threads, options, dec)

@@ -208,13 +208,6 @@ class TuningDatabase:
                                 "is_default = 1 AND status = 'ok' ORDER BY id DESC LIMIT 1", (sig, tkey)).fetchone()
         return None if row is None else (json.loads(row[0]), row[1])
 
-    def defaults(self, tkey: str) -> dict[str, dict[str, Any]]:
-        """Each workload's configuration as last measured as its default on this target (the heuristics' point
-        when it was tuned)."""
-        rows = self.conn.execute("SELECT sig, config FROM measurements WHERE tkey = ? AND is_default = 1 AND "
-                                 "status = 'ok' ORDER BY id", (tkey,))
-        return {sig: json.loads(config) for sig, config in rows}
-
     def fingerprint(self, tkey: str) -> str:
         """What the compile cache keys on: the best records for one target (a new one changes it)."""
         import hashlib
