@@ -295,3 +295,18 @@ def test_inputs_laid_out_as_the_start_of_their_max_layout_run_in_place() -> None
     assert is_prefix((3, 512, 768), (4, 512, 768)) and is_prefix((1, 1, 5), (4, 512, 768))  # one token's first 5
     assert not is_prefix((2, 112, 768), (4, 512, 768)) and not is_prefix((1, 2, 5), (4, 512, 768))
     assert not is_prefix((1, 112), (4, 512, 768))
+
+
+def test_index_arithmetic_moves_out_of_branches_only_where_it_cannot_trap() -> None:
+    """Codegen emits integer index arithmetic once, where its variables are bound (codegen/exprs.py: hoisted) —
+    above any branch it stood under. A division is moved only if its divisor cannot be zero: a constant, a symbolic
+    dim (bounds start at 1), a run-time tile count ⌈seq / 14⌉; not seq − 1, which a branch may have guarded."""
+    from kiln.codegen.exprs import hoistable, positive
+    from kiln.kernel.ir import Const, Sym, Var
+    seq, t = Sym("seq", 0, 512), Var("t")
+    tiles = (seq + 13) // 14
+    assert positive(seq) and positive(tiles) and positive(tiles * 4 + 1)
+    assert not positive(seq - 1) and not positive((seq + 12) // 14) and not positive(Const(0, "int64"))
+    assert hoistable(t // tiles) and hoistable((t % tiles) * 14 + 3)
+    assert not hoistable(t // (seq - 1)) and not hoistable((t + 1) * (t % (seq - 1)))
+    assert not hoistable(Const(1.0, "float32") / Const(3.0, "float32"))

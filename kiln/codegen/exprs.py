@@ -6,7 +6,8 @@ with v becomes one vector load, a uniform one a scalar load broadcast on use, an
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,6 +99,68 @@ def fill_value(vt: ir.VectorType, dtype: str) -> ir.Constant:
         and isinstance(vt.element, ir.IntType) else ir.Constant(vt, None)
 
 
+@contextmanager
+def emitting_in(b: ir.IRBuilder, block: ir.Block) -> Iterator[None]:
+    """Emit into `block` (before its terminator, if it has one), then continue exactly where the builder was —
+    llvmlite's goto_block returns to the end of the old block, past its terminator if that is where it went."""
+    old, anchor = b.block, b._anchor
+    nxt = old.instructions[anchor] if anchor < len(old.instructions) else None
+    if block.is_terminated:
+        b.position_before(block.terminator)
+    else:
+        b.position_at_end(block)
+    try:
+        yield
+    finally:
+        if nxt is not None:
+            b.position_before(nxt)
+        else:
+            b.position_at_end(old)
+
+
+def positive(e: Expr) -> bool:
+    """Is the integer expression ≥ 1 at run time, by its form: a symbolic dim (bounds start at 1), a positive
+    constant, sums and products of such, a ceiling division ⌈x / d⌉ of one (a run-time tile count)?"""
+    if isinstance(e, Sym):
+        return True
+    if isinstance(e, Const):
+        return e.value > 0
+    if not isinstance(e, Bin):
+        return False
+    if e.op == "*":
+        return positive(e.a) and positive(e.b)
+    if e.op in ("+", "max"):
+        return positive(e.a) and non_negative(e.b) or non_negative(e.a) and positive(e.b)
+    if e.op == "//" and isinstance(e.b, Const) and e.b.value > 0:  # (x + c) // d ≥ 1 when x ≥ 1, c ≥ d − 1
+        return isinstance(e.a, Bin) and e.a.op == "+" and positive(e.a.a) and isinstance(e.a.b, Const) \
+            and e.a.b.value + 1 >= e.b.value
+    return False
+
+
+def non_negative(e: Expr) -> bool:
+    if isinstance(e, Const):
+        return e.value >= 0
+    return positive(e) or isinstance(e, Bin) and e.op in ("+", "*", "max") and non_negative(e.a) and non_negative(e.b)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def hoistable(e: Expr) -> bool:
+    """May the pure expression `e` run where its operands are known rather than where it stands? Integer arithmetic
+    whose every division is by a divisor never zero (a constant, a run-time tile count): a division by another
+    run-time value may stand under the branch that proves it non-zero."""
+    if is_float(e.dtype) or isinstance(e, (Load, LocalRef, Addr, Reduce)):
+        return False
+    if isinstance(e, Bin) and e.op in ("/", "//", "%") and not positive(e.b):
+        return False
+    return all(hoistable(k) for k in children(e))
+
+
+def value_key(v: ir.Value | None) -> object:
+    """A cache key for an emitted value: an integer constant by its type and value — llvmlite hashes and compares
+    constants by their printed text, which was a tenth of code generation (resnet50: 33k hashes) — else the value."""
+    return (id(v.type), v.constant) if isinstance(v, ir.Constant) and isinstance(v.constant, int) else v
+
+
 @dataclass
 class VectorCtx:
     var: Var
@@ -126,6 +189,9 @@ class ExprEmitter:
         self._split: dict[tuple, tuple[Expr, tuple[tuple[str, int], ...]]] = {}
         self._loads: dict[tuple, tuple[ir.Value, bool]] = {}
         self._flats: dict[tuple, Expr] = {}
+        self._hoisted: dict[tuple, tuple[ir.Value, bool]] = {}
+        self._bound: dict[str, tuple[ir.Value, int, ir.Block]] = {}
+        self._bound_order: list[str] = []
 
     # -- helpers -------------------------------------------------------------------------------------------------
     def vtype(self, t: ir.Type) -> ir.Type:
@@ -195,23 +261,71 @@ class ExprEmitter:
             if all(x is not None for x in sub):
                 names = {n for x in sub for n in x}
                 vec = self.vec
-                key = (e, self.b.block, tuple(self.env.get(n) for n in sorted(names)),
-                       (vec.var, vec.lanes, vec.base, vec.mask) if vec is not None and vec.var.name in names else None)
+                key = (e, self.b.block, tuple(value_key(self.env.get(n)) for n in sorted(names)),
+                       (vec.var, vec.lanes, value_key(vec.base), vec.mask)
+                       if vec is not None and vec.var.name in names else None)
                 hit = self._loads.get(key)
                 if hit is None:
                     hit = self._loads[key] = self._ev(e)
                 return hit
+        # integer arithmetic of the symbolic dims alone: once per function, in its entry block; a division or
+        # modulo of loop variables (a tile index's decode): once, where its variables are bound — not the other
+        # arithmetic, whose values would then stay live across the loops below (a tile's row addresses: spills)
+        if isinstance(e, Sym) or isinstance(e, (Bin, Un, Cast, Select)) and hoistable(e):
+            names = self.free_vars(e)
+            if names == () or isinstance(e, Bin) and e.op in ("//", "%") and names is not None \
+                    and (self.vec is None or self.vec.var.name not in names):
+                home = self.home_block(names)
+                if home is not None:
+                    return self.hoisted(e, names, home)
         if isinstance(e, (Bin, Un, Cast, Select)):
             names = self.free_vars(e)
             if names is not None:
                 vec = self.vec
-                key = (e, self.b.block, tuple(self.env.get(n) for n in names),
-                       (vec.var, vec.lanes, vec.base) if vec is not None and vec.var.name in names else None)
+                key = (e, self.b.block, tuple(value_key(self.env.get(n)) for n in names),
+                       (vec.var, vec.lanes, value_key(vec.base)) if vec is not None and vec.var.name in names else None)
                 hit = self._emitted.get(key)
                 if hit is None:
                     hit = self._emitted[key] = self._ev(e)
                 return hit
         return self._ev(e)
+
+    def bind_loop_var(self, name: str, i: ir.Value) -> None:
+        """Loop variable `name` is `i` from the current block on (the loop body's first block)."""
+        self.env[name] = i
+        self._bound[name] = (i, len(self._bound_order), self.b.block)
+        self._bound_order.append(name)
+
+    def home_block(self, names: tuple[str, ...]) -> ir.Block | None:
+        """The block where integer arithmetic of `names` is first computable: the body's first block of the
+        innermost loop among them (the function's entry if they are all constants — unrolled — or none), or None
+        where a variable was bound some other way (a vector lane, a scalable loop)."""
+        home, depth = self.b.function.entry_basic_block, -1
+        for n in names:
+            v = self.env.get(n)
+            if isinstance(v, ir.Constant):
+                continue
+            bound = self._bound.get(n)
+            if bound is None or bound[0] is not v:
+                return None
+            if bound[1] > depth:
+                home, depth = bound[2], bound[1]
+        return home
+
+    def hoisted(self, e: Expr, names: tuple[str, ...], home: ir.Block) -> tuple[ir.Value, bool]:
+        """Integer index arithmetic emitted once, in the block where its variables are all bound, instead of in
+        every block that uses it: a run-time-rows tile's guarded row stores each re-emitted the tile's decode (the
+        tile index divided by run-time tile counts) in a block of its own, where LLVM could not merge them
+        (gpt_decoder at symbolic seq: 50 integer divisions in one kernel's machine code, 6 at a static seq)."""
+        key = (e, home, tuple(value_key(self.env.get(n)) for n in names))
+        hit = self._hoisted.get(key)
+        if hit is None:
+            if self.b.block is home:
+                hit = self._hoisted[key] = self._ev(e)
+            else:
+                with emitting_in(self.b, home):
+                    hit = self._hoisted[key] = self._ev(e)
+        return hit
 
     def _ev(self, e: Expr) -> tuple[ir.Value, bool]:
         if isinstance(e, Const):
@@ -439,7 +553,7 @@ class ExprEmitter:
         """&ptr[flat] (lane 0's element inside a vector loop) as a constant-offset gep on a row pointer emitted once
         per block: one instruction per access of an unrolled tile, not an add and a gep (resnet50: 15k adds)."""
         v, off = self._lane0(self.index_parts, flat)
-        key = ("row", ptr, v, mt, self.b.block)
+        key = ("row", ptr, value_key(v), mt, self.b.block)
         row = self._emitted.get(key)
         if row is None:
             row = self._emitted[key] = self.b.gep(ptr, [v], source_etype=mt)

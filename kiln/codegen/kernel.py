@@ -47,7 +47,7 @@ from kiln.kernel.ir import (
     hint,
     init_value,
 )
-from kiln.target import Target
+from kiln.target import Target, features_on
 
 NTHREADS_GLOBAL = "kiln.nthreads"
 PARALLEL_GLOBAL = "kiln.parallel"
@@ -59,6 +59,12 @@ CHUNKS_PER_THREAD = 4
 CHUNK_FLOPS = 25e6
 MAX_CHUNKS_PER_THREAD = 32
 PARALLEL_FN = ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, I32])
+
+
+def at_most(extent: Expr, n: int) -> bool:
+    """Is the run-time loop extent never more than n (a min with a constant)?"""
+    return isinstance(extent, Bin) and extent.op == "min" and any(isinstance(x, Const) and int(x.value) <= n
+                                                                   for x in (extent.a, extent.b))
 
 
 def declare_runtime(m: ir.Module) -> None:
@@ -79,6 +85,7 @@ class KernelEmitter:
         self.m, self.k, self.name = module, kernel, fn_name
         self.target = target  # a scalable one (SVE, RVV) strip-mines vector loops: codegen/scalable.py
         self.bounds_check = bounds_check  # debug build: every access checked (codegen/bounds.py)
+        self.mask_registers = target is not None and "avx512f" in features_on(target.features)
         self.bufs = list(kernel.args) + list(kernel.scratch)
         self.n_par = 0
 
@@ -269,6 +276,16 @@ class KernelEmitter:
             return
         if s.kind == "vector" and em.vec is None and s.lanes > 1:
             n = s.lanes
+            if s.masked and self.mask_registers and at_most(s.extent, n):
+                # at most one vector (a tile's run-time edge: min(NR, N − n0)): where masked loads and stores cost
+                # what plain ones do (AVX-512's mask registers), one masked iteration, not a full one and a masked
+                # copy of the tile beside it (twice the code, for the compile time of a run-time-N attention matmul)
+                with b.if_then(b.icmp_signed(">", hi, lo)):
+                    lanes = vector_constant(I64, tuple(range(n)))
+                    em.vec = VectorCtx(s.var, n, lo, b.icmp_signed("<", lanes, em.splat(b.sub(hi, lo), n)))
+                    self.stmts(b, em, s.body)
+                    em.vec = None
+                return
             main_end = b.sub(hi, b.srem(b.sub(hi, lo), ir.Constant(I64, n)))
 
             def vbody(i: ir.Value) -> None:
@@ -291,7 +308,7 @@ class KernelEmitter:
             lo = main_end
 
         def sbody(i: ir.Value) -> None:
-            em.env[name] = i
+            em.bind_loop_var(name, i)
             self.stmts(b, em, s.body)
         self.counted(b, lo, hi, 1, sbody)
 
