@@ -4,6 +4,8 @@ onnxruntime running the same dynamic model: max|kiln − ort| ≤ 1e-4 · max|or
 the issue's bar). The width fixture runs each for avx512, avx2 and sse (emit-only where the CPU cannot)."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
 import pytest
@@ -310,3 +312,29 @@ def test_index_arithmetic_moves_out_of_branches_only_where_it_cannot_trap() -> N
     assert hoistable(t // tiles) and hoistable((t % tiles) * 14 + 3)
     assert not hoistable(t // (seq - 1)) and not hoistable((t + 1) * (t % (seq - 1)))
     assert not hoistable(Const(1.0, "float32") / Const(3.0, "float32"))
+
+
+def long_rows_model(k: int = 1024, n: int = 40) -> onnx.ModelProto:
+    """x: [batch, seq, 1024] @ w + b: a tile's rows 4 KiB apart, all in one L1 set (a decoder's down-projection)."""
+    r = np.random.default_rng(5)
+    inits = {"w": (r.standard_normal((k, n)) * 0.05).astype(np.float32), "b": r.standard_normal(n).astype(np.float32)}
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["p"]), helper.make_node("Add", ["p", "b"], ["y"])]
+    return _model(nodes, [helper.make_tensor_value_info("x", T.FLOAT, ["batch", "seq", k])],
+                  [helper.make_tensor_value_info("y", T.FLOAT, ["batch", "seq", n])], inits)
+
+
+def test_run_time_rows_packed_where_they_alias(width: str) -> None:
+    """A run-time M whose rows are 4 KiB apart: the full tile reads A packed per row tile (schedule/pack.py:
+    pack_rows_dynamic), sized for the bounds, rows past M repeating the last; every size against onnxruntime."""
+    from kiln.compiler import check_options, lower
+    from kiln.target import resolve
+    model, bounds = long_rows_model(), {"batch": (1, 3), "seq": (1, 40)}
+    c = lower(model, resolve(width), 2, check_options({}), dynamic_bounds=bounds, stop_after="kernels")
+    packs = [b for k in c.program.kernels for b in k.scratch if re.fullmatch(r"b\d+p\d+", b.name)]
+    # the full tile's copy (the few-row variants read A as it is): room for every row of every sample at the bounds
+    assert len(packs) == 1 and packs[0].shape[-2:] == (1024, packs[0].shape[-1]) and packs[0].shape[-1] >= 5 \
+        and packs[0].size >= 3 * 40 * 1024, [(b.name, b.shape) for b in packs]
+    exe = compiled_once(model, width, bounds)
+    if exe is not None:
+        check_sizes(exe, model, [{"batch": 1, "seq": 1}, {"batch": 1, "seq": 3}, {"batch": 2, "seq": 9},
+                                 {"batch": 3, "seq": 17}, {"batch": 3, "seq": 40}, {"batch": 1, "seq": 29}])

@@ -259,12 +259,13 @@ def regime_tiles(k: Kernel, c: Compute, shape: TileShape, tag: str, threads: int
         return nest
     m, taller = as_extent(M), tile_row_cost(as_extent(M), shape.mr)
     for rows in sorted(r for r in ROW_VARIANTS if 2 <= r < shape.mr)[::-1]:
-        alt = tile_compute(k, c, replace(shape, mr=rows), f"{tag}m{rows}", threads, None, dec)
+        # (unpacked: a few rows' tiles serve short inputs, where a copy of A costs more than its rows' L1 conflicts)
+        alt = tile_compute(k, c, replace(shape, mr=rows), f"{tag}m{rows}", threads, None, dec, pack_dynamic=False)
         cost = tile_row_cost(m, rows)
         nest = [If(cmp("<", cost, taller), alt, nest)]
         taller = minimum(cost, taller)
     for rows in sorted((r for r in REGIME_ROWS if r < shape.mr), reverse=True):
-        small = tile_compute(k, c, replace(shape, mr=rows), f"{tag}r{rows}", threads, None, dec)
+        small = tile_compute(k, c, replace(shape, mr=rows), f"{tag}r{rows}", threads, None, dec, pack_dynamic=False)
         limit = rows if rows == 1 else shape.mr - 1
         nest = [If(cmp("<=", M, Const(limit, "int64")), small, nest)]
     return nest

@@ -28,7 +28,6 @@ from kiln.kernel.analysis import coef
 from kiln.kernel.ir import (
     Assign,
     Bin,
-    Buffer,
     Compute,
     Const,
     Expr,
@@ -57,6 +56,7 @@ from kiln.kernel.ir import (
 from kiln.schedule.config import Decisions, divisors, powers_of_two
 from kiln.schedule.dot_edge import dot_edge, dot_edge_operands
 from kiln.schedule.guards import split_interior
+from kiln.schedule.pack import pack_rows, pack_rows_dynamic
 from kiln.schedule.prefetch import DISTANCES as PREFETCH_DISTANCES
 from kiln.schedule.prefetch import prefetch_ahead, prefetch_knob, prefetch_panel, streamed_loads
 from kiln.schedule.primitives import combine
@@ -254,57 +254,6 @@ def pick_mr(m: int, most: int) -> int:
     return min(range(max(1, most // 2), most + 1), key=lambda r: (-(-m // r) * r, -r))
 
 
-def _rows_alias(row_bytes: int, rows: int, sets: int = 64, line: int = 64, ways: int = 8) -> bool:
-    """Would `rows` rows `row_bytes` apart crowd one L1 set (more than half its ways)? Packing costs a copy
-    of A; it pays only when the rows evict each other (row strides near multiples of 4 KiB)."""
-    counts: dict[int, int] = {}
-    for i in range(rows):
-        s = (i * row_bytes // line) % sets
-        counts[s] = counts.get(s, 0) + 1
-    return max(counts.values()) > ways // 2
-
-
-def packable_rows(c: Compute, red: Reduce, t: TileShape) -> Load | None:
-    """The broadcast operand A[m, r] a tile could pack (a plain row-major load, one reduction axis of ≥ 64, at
-    least two row tiles, no other output axes), or None."""
-    m_v, n_v = c.axes[t.m_axis], c.axes[t.n_axis]
-    M = c.extents[t.m_axis]
-    others = [e for i, e in enumerate(c.extents) if i not in (t.m_axis, t.n_axis)]
-    if is_symbolic(M) or any(is_symbolic(e) for _, e in red.axes):  # a packed copy sized by run-time rows: not yet
-        return None
-    if len(red.axes) != 1 or M < 2 * t.mr or any(e != 1 for e in others) or red.axes[0][1] < 64:
-        return None
-    rows = [ld for ld in walk(red.body) if isinstance(ld, Load) and uses_var(ld, m_v) and not uses_var(ld, n_v)]
-    if len(rows) != 1:
-        return None
-    a = rows[0]
-    if a.index[-2:] != (m_v, red.axes[0][0]) or any(i != Const(0, "int64") for i in a.index[:-2]):
-        return None
-    return a
-
-
-def pack_rows(k: Kernel, c: Compute, red: Reduce, t: TileShape, mo: Var, mi: Var, tag: str, dec: Decisions
-              ) -> tuple[Compute, dict[Expr, Expr]] | None:
-    """Pack the broadcast operand A[m, r] into Ap[m / MR, r, m % MR] (rows past M repeat row M−1).
-
-    Without it the MR rows a tile broadcasts from sit K floats apart — with K a multiple of 1024 they all
-    map to the same L1 set and evict each other; packed, each reduction step reads MR contiguous floats.
-    The knob `pack`; by default only where the rows alias in L1 (packing costs a copy of A)."""
-    a = packable_rows(c, red, t)
-    if a is None:
-        return None
-    M = c.extents[t.m_axis]
-    r, K = red.axes[0]
-    if not dec.knob("pack", _rows_alias(K * 4, t.mr), (False, True)):
-        return None
-    buf = Buffer(f"{a.buf}p{tag}", a.dtype, (-(-M // t.mr), K, t.mr))
-    k.scratch.append(buf)
-    p0, p1, p2 = Var("q0"), Var("q1"), Var("q2")
-    src = a.index[:-2] + (minimum(p0 * t.mr + p2, Const(M - 1, "int64")), p1)
-    pack = Compute(buf.name, (p0, p1, p2), buf.shape, Load(a.buf, src, a.dtype))
-    return pack, {a: Load(buf.name, (mo, r, mi), a.dtype)}
-
-
 def flatten_rows(c: Compute) -> Compute:
     """Merge a conv's output rows (oh, ow) — the hint `spatial` — into one pixel axis p:
 
@@ -330,7 +279,7 @@ def flatten_rows(c: Compute) -> Compute:
 
 def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
                  schedule_plain: Callable[[Compute, str], list[Stmt]] | None = None,
-                 dec: Decisions | None = None) -> list[Stmt]:
+                 dec: Decisions | None = None, pack_dynamic: bool = True) -> list[Stmt]:
     dec = dec if dec is not None else Decisions()
     if t.flatten_rows:
         c = flatten_rows(c)
@@ -340,8 +289,16 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
     m_v, n_v = c.axes[t.m_axis], c.axes[t.n_axis]
     M, N = c.extents[t.m_axis], c.extents[t.n_axis]
     mo, no, mi, ni = Var(f"{m_v.name}o"), Var(f"{n_v.name}o"), Var(f"{m_v.name}i"), Var(f"{n_v.name}i")
+    others = [(v, e) for i, (v, e) in enumerate(zip(c.axes, c.extents)) if i not in (t.m_axis, t.n_axis)]
+    dynamic = is_symbolic(M) or is_symbolic(N) or any(is_symbolic(e) for _, e in others)
     packed = pack_rows(k, c, red, t, mo, mi, tag, dec) if schedule_plain is not None else None
     pre: list[Stmt] = []
+    red_body = red.body
+    if dynamic and pack_dynamic:  # (the full tile of a run-time M: schedule/default.py, regime_tiles)
+        dyn_pack = pack_rows_dynamic(k, c, red, t, mo, mi, tag, t.lanes, threads > 1)
+        if dyn_pack is not None:
+            pre, swap = dyn_pack
+            red_body = substitute(red.body, swap)
     if packed is not None:
         pack, swap = packed
         # vectors along r (each row's contiguous run), the MR rows unrolled: codegen turns the MR stores of a
@@ -353,12 +310,8 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
             Loop(p2, Const(t.mr, "int64"), [st], "unroll")], "vector", t.lanes, masked=True)],
             "parallel" if threads > 1 else "serial")]
         red_body = substitute(red.body, swap)
-    else:
-        red_body = red.body
-    others = [(v, e) for i, (v, e) in enumerate(zip(c.axes, c.extents)) if i not in (t.m_axis, t.n_axis)]
     # a symbolic M or N (kernel/dynamic.py): the tile counts are run-time expressions, every edge is handled
     n_mo, n_no = _ceil_div(M, t.mr), _ceil_div(N, t.nr)
-    dynamic = is_symbolic(M) or is_symbolic(N) or any(is_symbolic(e) for _, e in others)
     # one parallel loop over (others…, no, mo): mo fastest, so consecutive tiles share the n-panel — unless the
     # reduction is short (1×1 convs with Ci ≤ 128): then the tile is mostly its stores, and no fastest keeps
     # the MR rows it writes (and the residual it reads) a few sequential streams instead of M interleaved
