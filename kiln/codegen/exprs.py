@@ -190,8 +190,8 @@ class ExprEmitter:
         self._loads: dict[tuple, tuple[ir.Value, bool]] = {}
         self._flats: dict[tuple, Expr] = {}
         self._hoisted: dict[tuple, tuple[ir.Value, bool]] = {}
-        self._bound: dict[str, tuple[ir.Value, int, ir.Block]] = {}
-        self._bound_order: list[str] = []
+        self._bound: dict[str, tuple[ir.Value, int, ir.Block]] = {}  # loop variable → (value, binding no., block)
+        self._binds = 0
 
     # -- helpers -------------------------------------------------------------------------------------------------
     def vtype(self, t: ir.Type) -> ir.Type:
@@ -293,8 +293,8 @@ class ExprEmitter:
     def bind_loop_var(self, name: str, i: ir.Value) -> None:
         """Loop variable `name` is `i` from the current block on (the loop body's first block)."""
         self.env[name] = i
-        self._bound[name] = (i, len(self._bound_order), self.b.block)
-        self._bound_order.append(name)
+        self._binds += 1  # (inner loops are bound later: the latest binding among live variables is the innermost)
+        self._bound[name] = (i, self._binds, self.b.block)
 
     def home_block(self, names: tuple[str, ...]) -> ir.Block | None:
         """The block where integer arithmetic of `names` is first computable: the body's first block of the
