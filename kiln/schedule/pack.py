@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from kiln.kernel.ir import (
     Buffer,
     Compute,
@@ -29,10 +31,6 @@ from kiln.schedule.config import Decisions
 
 if TYPE_CHECKING:
     from kiln.schedule.tile import TileShape
-
-
-def a_bytes(dtype: str) -> int:
-    return {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1, "uint8": 1}.get(dtype, 4)
 
 
 def rows_alias(row_bytes: int, rows: int, sets: int = 64, line: int = 64, ways: int = 8) -> bool:
@@ -106,7 +104,7 @@ def pack_rows_dynamic(k: Kernel, c: Compute, red: Reduce, t: TileShape, mo: Var,
     a = rows[0]
     # the rows' distance is the max layout's (attention scores at seq ≤ 512: 2 KiB whatever the actual seq)
     pitch = k.buffer(a.buf).shape[-1]
-    if hint(K) < 64 or not rows_alias(pitch * a_bytes(a.dtype), t.mr):
+    if hint(K) < 64 or not rows_alias(pitch * np.dtype(a.dtype).itemsize, t.mr):
         return None
     others = {v: e for i, (v, e) in enumerate(zip(c.axes, c.extents)) if i not in (t.m_axis, t.n_axis)}
     batch = [i for i in a.index[:-2] if i in others]  # A's other axes: each one of the compute's, or a constant
