@@ -102,7 +102,7 @@ def pack_rows_dynamic(k: Kernel, c: Compute, red: Reduce, t: TileShape, mo: Var,
     if len(rows) != 1 or rows[0].index[-2:] != (m_v, r):
         return None
     a = rows[0]
-    # the rows' distance is the max layout's (attention scores at seq ≤ 512: 2 KiB whatever the actual seq)
+    # the rows' distance is A's row pitch in its (max) layout, which need not be K
     pitch = k.buffer(a.buf).shape[-1]
     if hint(K) < 64 or not rows_alias(pitch * np.dtype(a.dtype).itemsize, t.mr):
         return None
