@@ -300,10 +300,10 @@ def test_inputs_laid_out_as_the_start_of_their_max_layout_run_in_place() -> None
 
 
 def test_index_arithmetic_moves_out_of_branches_only_where_it_cannot_trap() -> None:
-    """Codegen emits integer index arithmetic once, where its variables are bound (codegen/exprs.py: hoisted) —
+    """Codegen emits integer index arithmetic once, where its variables are bound (codegen/hoist.py) —
     above any branch it stood under. A division is moved only if its divisor cannot be zero: a constant, a symbolic
     dim (bounds start at 1), a run-time tile count ⌈seq / 14⌉; not seq − 1, which a branch may have guarded."""
-    from kiln.codegen.exprs import hoistable, positive
+    from kiln.codegen.hoist import hoistable, positive
     from kiln.kernel.ir import Const, Sym, Var
     seq, t = Sym("seq", 0, 512), Var("t")
     tiles = (seq + 13) // 14

@@ -289,6 +289,10 @@ for _cls in (Const, Var, Sym, Load, Bin, Un, Select, Cast, LocalRef, Reduce, Add
     _cache_hash(_cls)
 
 
+def is_float(dtype: str) -> bool:
+    return dtype in _FLOATS
+
+
 def fn(op: str, a: Expr) -> Expr:
     return Un(op, a)
 
