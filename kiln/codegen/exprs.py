@@ -250,8 +250,9 @@ class ExprEmitter:
     def hoisted(self, e: Expr, names: tuple[str, ...], home: ir.Block) -> tuple[ir.Value, bool]:
         """Integer index arithmetic emitted once, in the block where its variables are all bound, instead of in
         every block that uses it: a run-time-rows tile's guarded row stores each re-emitted the tile's decode (the
-        tile index divided by run-time tile counts) in a block of its own, where LLVM could not merge them
-        (gpt_decoder at symbolic seq: 50 integer divisions in one kernel's machine code, 6 at a static seq)."""
+        tile index divided by run-time tile counts) in a block of its own. LLVM merged them in the end, after every
+        pass had worked through them (one gpt_decoder kernel at symbolic seq: 505 divisions and remainders in its IR,
+        49 now; 3841 → 2579 lines)."""
         key = (e, home, tuple(value_key(self.env.get(n)) for n in names))
         hit = self._hoisted.get(key)
         if hit is None:
