@@ -43,28 +43,41 @@ def rows_alias(row_bytes: int, rows: int, sets: int = 64, line: int = 64, ways: 
     return max(counts.values()) > ways // 2
 
 
+def row_operand(red: Reduce, m_v: Var, n_v: Var) -> Load | None:
+    """The tile's broadcast operand A[…, m, r]: the one load of a single-axis reduction that reads rows m and not
+    columns n, with m and r its last two indices; else None."""
+    if len(red.axes) != 1:
+        return None
+    rows = [ld for ld in walk(red.body) if isinstance(ld, Load) and uses_var(ld, m_v) and not uses_var(ld, n_v)]
+    return rows[0] if len(rows) == 1 and rows[0].index[-2:] == (m_v, red.axes[0][0]) else None
+
+
+def copy_loop(rows: Var, n_rows: Expr, r: Var, K: Expr, mi: Var, mr: int, store: Store, lanes: int,
+              parallel: bool) -> Loop:
+    """The copy's nest: per row tile, vectors along r (each row's contiguous run), the MR rows unrolled — codegen
+    turns the MR stores of a step into one interleaving shuffle (an in-register transpose) and one contiguous
+    store of MR·lanes."""
+    step = Loop(r, K, [Loop(mi, Const(mr, "int64"), [store], "unroll")], "vector", lanes, masked=True)
+    return Loop(rows, n_rows, [step], "parallel" if parallel else "serial")
+
+
 def packable_rows(c: Compute, red: Reduce, t: TileShape) -> Load | None:
     """The broadcast operand A[m, r] a tile could pack (a plain row-major load, one reduction axis of ≥ 64, at
     least two row tiles, no other output axes), or None."""
-    m_v, n_v = c.axes[t.m_axis], c.axes[t.n_axis]
     M = c.extents[t.m_axis]
     others = [e for i, e in enumerate(c.extents) if i not in (t.m_axis, t.n_axis)]
     if is_symbolic(M) or any(is_symbolic(e) for _, e in red.axes):  # a packed copy sized by run-time rows: not yet
         return None
     if len(red.axes) != 1 or M < 2 * t.mr or any(e != 1 for e in others) or red.axes[0][1] < 64:
         return None
-    rows = [ld for ld in walk(red.body) if isinstance(ld, Load) and uses_var(ld, m_v) and not uses_var(ld, n_v)]
-    if len(rows) != 1:
-        return None
-    a = rows[0]
-    if a.index[-2:] != (m_v, red.axes[0][0]) or any(i != Const(0, "int64") for i in a.index[:-2]):
-        return None
-    return a
+    a = row_operand(red, c.axes[t.m_axis], c.axes[t.n_axis])
+    return a if a is not None and all(i == Const(0, "int64") for i in a.index[:-2]) else None
 
 
-def pack_rows(k: Kernel, c: Compute, red: Reduce, t: TileShape, mo: Var, mi: Var, tag: str, dec: Decisions
-              ) -> tuple[Compute, dict[Expr, Expr]] | None:
-    """Pack the broadcast operand A[m, r] into Ap[m / MR, r, m % MR] (rows past M repeat row M−1).
+def pack_rows(k: Kernel, c: Compute, red: Reduce, t: TileShape, mo: Var, mi: Var, tag: str, dec: Decisions,
+              parallel: bool) -> tuple[list[Stmt], dict[Expr, Expr]] | None:
+    """Pack the broadcast operand A[m, r] into Ap[m / MR, r, m % MR] (rows past M repeat row M−1): the copy's
+    loop, and the mapping that swaps A's load for Ap's.
 
     Without it the MR rows a tile broadcasts from sit K floats apart — with K a multiple of 1024 they all
     map to the same L1 set and evict each other; packed, each reduction step reads MR contiguous floats.
@@ -80,11 +93,12 @@ def pack_rows(k: Kernel, c: Compute, red: Reduce, t: TileShape, mo: Var, mi: Var
     k.scratch.append(buf)
     p0, p1, p2 = Var("q0"), Var("q1"), Var("q2")
     src = a.index[:-2] + (minimum(p0 * t.mr + p2, Const(M - 1, "int64")), p1)
-    pack = Compute(buf.name, (p0, p1, p2), buf.shape, Load(a.buf, src, a.dtype))
-    return pack, {a: Load(buf.name, (mo, r, mi), a.dtype)}
+    store = Store(buf.name, (p0, p1, p2), Load(a.buf, src, a.dtype))
+    copy = copy_loop(p0, Const(buf.shape[0], "int64"), p1, Const(K, "int64"), p2, t.mr, store, t.lanes, parallel)
+    return [copy], {a: Load(buf.name, (mo, r, mi), a.dtype)}
 
 
-def pack_rows_dynamic(k: Kernel, c: Compute, red: Reduce, t: TileShape, mo: Var, mi: Var, tag: str, lanes: int,
+def pack_rows_dynamic(k: Kernel, c: Compute, red: Reduce, t: TileShape, mo: Var, mi: Var, tag: str,
                       parallel: bool) -> tuple[list[Stmt], dict[Expr, Expr]] | None:
     """`pack_rows` for a run-time M: A[b…, m, r] (b… the compute's other axes, run-time batch dims among them)
     packed into Ap[b…, m / MR, r, m % MR], laid out for the dims' upper bounds (the arena's max layout), rows past
@@ -93,15 +107,12 @@ def pack_rows_dynamic(k: Kernel, c: Compute, red: Reduce, t: TileShape, mo: Var,
     1.3× its static build, which packs. The returned mapping swaps A's load for Ap's."""
     m_v, n_v = c.axes[t.m_axis], c.axes[t.n_axis]
     M = c.extents[t.m_axis]
-    r, K = red.axes[0] if len(red.axes) == 1 else (None, None)
+    a = row_operand(red, m_v, n_v)
     # a run-time K (attention's probabilities × values, K = seq): the copy of A measured slower than its rows'
     # conflicts (gpt_decoder at 200 tokens: 1.34× the static build packed, 1.08× not)
-    if r is None or is_symbolic(K) or not is_symbolic(M):
+    if a is None or is_symbolic(red.axes[0][1]) or not is_symbolic(M):
         return None
-    rows = [ld for ld in walk(red.body) if isinstance(ld, Load) and uses_var(ld, m_v) and not uses_var(ld, n_v)]
-    if len(rows) != 1 or rows[0].index[-2:] != (m_v, r):
-        return None
-    a = rows[0]
+    r, K = red.axes[0]
     # the rows' distance is A's row pitch in its (max) layout, which need not be K
     pitch = k.buffer(a.buf).shape[-1]
     if hint(K) < 64 or not rows_alias(pitch * np.dtype(a.dtype).itemsize, t.mr):
@@ -123,7 +134,5 @@ def pack_rows_dynamic(k: Kernel, c: Compute, red: Reduce, t: TileShape, mo: Var,
     row = minimum(decoded[mo] * t.mr + q2, as_extent(M) - 1)
     src = tuple(decoded.get(i, i) for i in a.index[:-2]) + (row, q1)
     store = Store(buf.name, tuple(decoded[v] for v in batch) + (decoded[mo], q1, q2), Load(a.buf, src, a.dtype))
-    step = Loop(q1, as_extent(K), [Loop(q2, Const(t.mr, "int64"), [store], "unroll")], "vector", lanes,
-                masked=True)
-    copy = Loop(p, as_extent(stride), [step], "parallel" if parallel else "serial")
+    copy = copy_loop(p, as_extent(stride), q1, as_extent(K), q2, t.mr, store, t.lanes, parallel)
     return [copy], {a: Load(buf.name, tuple(batch) + (mo, r, mi), a.dtype)}

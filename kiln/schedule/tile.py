@@ -291,25 +291,12 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
     mo, no, mi, ni = Var(f"{m_v.name}o"), Var(f"{n_v.name}o"), Var(f"{m_v.name}i"), Var(f"{n_v.name}i")
     others = [(v, e) for i, (v, e) in enumerate(zip(c.axes, c.extents)) if i not in (t.m_axis, t.n_axis)]
     dynamic = is_symbolic(M) or is_symbolic(N) or any(is_symbolic(e) for _, e in others)
-    packed = pack_rows(k, c, red, t, mo, mi, tag, dec) if schedule_plain is not None else None
-    pre: list[Stmt] = []
-    red_body = red.body
-    if dynamic and pack_dynamic:  # (the full tile of a run-time M: schedule/default.py, regime_tiles)
-        dyn_pack = pack_rows_dynamic(k, c, red, t, mo, mi, tag, t.lanes, threads > 1)
-        if dyn_pack is not None:
-            pre, swap = dyn_pack
-            red_body = substitute(red.body, swap)
-    if packed is not None:
-        pack, swap = packed
-        # vectors along r (each row's contiguous run), the MR rows unrolled: codegen turns the MR stores of a
-        # step into one interleaving shuffle (an in-register transpose) and one contiguous store of MR·lanes
-        p0, p1, p2 = pack.axes
-        n_row_tiles, K, _ = pack.extents
-        st = Store(pack.out, (p0, p1, p2), pack.body)
-        pre = [Loop(p0, Const(n_row_tiles, "int64"), [Loop(p1, Const(K, "int64"), [
-            Loop(p2, Const(t.mr, "int64"), [st], "unroll")], "vector", t.lanes, masked=True)],
-            "parallel" if threads > 1 else "serial")]
-        red_body = substitute(red.body, swap)
+    # A packed into MR-row panels (pack.py): with constant extents by the knob `pack`; over a run-time M for the full
+    # tile only (schedule/default.py, regime_tiles)
+    packed = pack_rows(k, c, red, t, mo, mi, tag, dec, threads > 1) if schedule_plain is not None else None
+    dyn_packed = pack_rows_dynamic(k, c, red, t, mo, mi, tag, threads > 1) if dynamic and pack_dynamic else None
+    pre, swap = packed or dyn_packed or ([], {})
+    red_body = substitute(red.body, swap) if swap else red.body
     # a symbolic M or N (kernel/dynamic.py): the tile counts are run-time expressions, every edge is handled
     n_mo, n_no = _ceil_div(M, t.mr), _ceil_div(N, t.nr)
     # one parallel loop over (others…, no, mo): mo fastest, so consecutive tiles share the n-panel — unless the
