@@ -67,6 +67,14 @@ def at_most(extent: Expr, n: int) -> bool:
                                                                    for x in (extent.a, extent.b))
 
 
+def _int_span(lo: ir.Value, hi: ir.Value) -> int | None:
+    """hi − lo where both are integer constants (a loop's bounds known at code generation), else None."""
+    if isinstance(lo, ir.Constant) and isinstance(hi, ir.Constant) and isinstance(lo.constant, int) \
+            and isinstance(hi.constant, int):
+        return max(0, hi.constant - lo.constant)
+    return None
+
+
 def declare_runtime(m: ir.Module) -> None:
     """Globals the entry point sets: the thread count and the pool's kiln_parallel (runtime/threadpool.py)."""
     if NTHREADS_GLOBAL in m.globals:
@@ -286,21 +294,27 @@ class KernelEmitter:
                     self.stmts(b, em, s.body)
                     em.vec = None
                 return
-            main_end = b.sub(hi, b.srem(b.sub(hi, lo), ir.Constant(I64, n)))
+            # constant bounds: the remainder's size is known here. None is emitted where it is empty (a tile's NR
+            # columns in whole vectors): its dead copy of the tile body, masked or scalar, was half the IR of a
+            # GEMM kernel for LLVM to parse, optimize and delete (same machine code)
+            span = _int_span(lo, hi)
+            main_end = ir.Constant(I64, hi.constant - span % n) if span is not None else \
+                b.sub(hi, b.srem(b.sub(hi, lo), ir.Constant(I64, n)))
 
             def vbody(i: ir.Value) -> None:
                 em.vec = VectorCtx(s.var, n, i)
                 self.stmts(b, em, s.body)
                 em.vec = None
             self.counted(b, lo, main_end, n, vbody)
+            if span is not None and span % n == 0:
+                return
             if s.masked:  # the remainder as one masked vector iteration
                 rem = b.sub(hi, main_end)
                 with b.if_then(b.icmp_signed(">", rem, ir.Constant(I64, 0))):
                     lanes = vector_constant(I64, tuple(range(n)))
                     mask = b.icmp_signed("<", lanes, em.splat(rem, n))
                     # a loop shorter than a vector (a 6-row tile in 8 lanes): the mask is a known prefix
-                    known = all(isinstance(x, ir.Constant) and isinstance(x.constant, int) for x in (lo, hi))
-                    prefix = (hi.constant - lo.constant) % n if known else None
+                    prefix = span % n if span is not None else None
                     em.vec = VectorCtx(s.var, n, main_end, mask, prefix or None)
                     self.stmts(b, em, s.body)
                     em.vec = None
