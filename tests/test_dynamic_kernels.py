@@ -169,6 +169,22 @@ def test_sizes_are_checked_before_anything_runs() -> None:
         exe.run({"x": np.zeros((4, 32), np.float32)})
 
 
+def test_run_plans_kept_per_shape_follow_every_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dynamic executable keeps what a run does besides the call per set of input shapes (Executable._plan). Sizes
+    revisited out of order, and more of them than it keeps, still give onnxruntime's outputs; a bad size is still
+    refused after good ones ran."""
+    import kiln.runtime.executable as executable
+    monkeypatch.setattr(executable, "PLANS_KEPT", 3)
+    model = attention_model()
+    exe = kiln.compile(model, num_threads=2, cache=False, dynamic_bounds={"batch": (1, 4), "seq": (1, 48)})
+    sizes = [{"batch": 1, "seq": 1}, {"batch": 2, "seq": 5}, {"batch": 1, "seq": 1}, {"batch": 4, "seq": 48},
+             {"batch": 3, "seq": 17}, {"batch": 1, "seq": 33}, {"batch": 2, "seq": 5}, {"batch": 1, "seq": 1}]
+    check_sizes(exe, model, sizes)
+    assert len(exe._plans) == 3
+    with pytest.raises(ValueError, match=r"'seq' = 49 .*outside the bounds \[1, 48\]"):
+        exe.run({"x": np.zeros((1, 49, 32), np.float32)})
+
+
 def test_two_inputs_that_disagree_on_a_symbol() -> None:
     nodes = [helper.make_node("Add", ["a", "b"], ["y"])]
     model = _model(nodes, [helper.make_tensor_value_info("a", T.FLOAT, ["n", 8]),
