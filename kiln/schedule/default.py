@@ -235,7 +235,10 @@ REGIME_ROWS = (1,)
 # ... and tiles of these many rows (those below the full tile's): every row tile of a run-time M is a full tile's
 # work, so M = 16 rows on AVX-512's 14-row tile computed 28 (BERT at 16 tokens: 1.7× the static build, which picks
 # 8 rows), and 3 rows on an 8-row one 8 (a decoder's 3-token prompt: 1.8×). The one computing fewest row-steps runs.
-ROW_VARIANTS = (8, 4)
+# 3 rows beside 4: a 3-token step on the 4-row tile ran 1.25–1.33× the static build (gpt_decoder 1×3 and 4×3, Zen 4),
+# on its own 3-row tile 1.04–1.07×, for 9% more LLVM time. (A 2-row tile instead of the 1-row one: 1×2 1.33 → 1.11×,
+# but a 4-batch 1-token step 1.07× slower; a 3-row tile instead of the 4-row one: 4 tokens 1.6×.)
+ROW_VARIANTS = (8, 4, 3)
 
 
 def tile_row_cost(M: Expr, rows: int) -> Expr:
@@ -248,10 +251,11 @@ def regime_tiles(k: Kernel, c: Compute, shape: TileShape, tag: str, threads: int
     """The register tile of a compute with run-time extents — and, when its rows M are a symbolic dim, one variant
     per regime, picked at run time by M (DietCode's shape-generic micro-kernels, here by hand from the registers):
 
-        if M ≤ 1:                                the 1-row tile  (GEMV-like: a 1-token decode step)
-        elif cost(4) < min(cost(8), cost(MR)):   the 4-row tile  (a few rows)
-        elif cost(8) < cost(MR):                 the 8-row tile  (short prompts: less of the last tile wasted)
-        else:                                    the MR-row tile (GEMM-like: prompts, batches; the last tile clamped)
+        if M ≤ 1:                                         the 1-row tile  (GEMV-like: a 1-token decode step)
+        elif cost(3) < min(cost(4), cost(8), cost(MR)):   the 3-row tile  (a few rows)
+        elif cost(4) < min(cost(8), cost(MR)):            the 4-row tile
+        elif cost(8) < cost(MR):                          the 8-row tile  (short prompts: less of the last tile wasted)
+        else:                                             the MR-row tile (GEMM-like: prompts, batches; last clamped)
     with cost(r) = tile_row_cost(M, r), ties to the taller tile."""
     M = c.extents[shape.m_axis]
     nest = tile_compute(k, c, shape, tag, threads, None, dec)
