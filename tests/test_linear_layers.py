@@ -12,8 +12,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from conftest import check
 from kiln.compiler import check_options, lower
-from kiln.kernel.build import build_program
-from kiln.kernel.ir import Kernel, Loop, Prefetch, Stmt
+from kiln.kernel.build import _view_reindex, build_program
+from kiln.kernel.ir import Const, Kernel, Loop, Prefetch, Stmt, Var
 from kiln.schedule.default import schedule_kernel
 from kiln.target import resolve
 
@@ -267,6 +267,50 @@ def test_onnx_attention_reads_q_and_v_in_place(width: str) -> None:
     names = [k.name.split("_", 1)[1] for k in
              lower(model, resolve("host"), 2, check_options({}), stop_after="kernels").program.kernels]
     assert names.count("transpose") == 2 and names.count("matmul") == 2, names  # Kᵀ and the merge copied
+
+
+def _onnx_fused_qkv_attention(merged_view: bool) -> onnx.ModelProto:
+    """GPT-2's head split: one QKV projection [1, s, 3·H·d], Split into q, k, v, each viewed as [1, s, H, d] and
+    transposed, then the attention core of _onnx_attention. `merged_view`: the projection is first viewed as
+    [1, s·3·H·d] and back (a chain of views, read through end to end)."""
+    s, heads, d = 24, 4, 16
+    mk = helper.make_node
+    rng = np.random.default_rng(3)
+    consts = {"w": (rng.standard_normal((64, 192)) / 8).astype(np.float32),
+              "split": np.array([1, s, heads, d], np.int64), "merge": np.array([1, s, heads * d], np.int64),
+              "parts": np.array([64, 64, 64], np.int64), "sqrt_d": np.array(np.sqrt(d), np.float32),
+              "flat": np.array([1, s * 192], np.int64), "unflat": np.array([1, s, 192], np.int64)}
+    nodes = [mk("MatMul", ["x", "w"], ["qkv0"])]
+    nodes += [mk("Reshape", ["qkv0", "flat"], ["qkvf"]), mk("Reshape", ["qkvf", "unflat"], ["qkv"])] if merged_view \
+        else [mk("Identity", ["qkv0"], ["qkv"])]
+    nodes += [mk("Split", ["qkv", "parts"], ["q", "k", "v"], axis=2),
+              mk("Reshape", ["q", "split"], ["q4"]), mk("Transpose", ["q4"], ["qh"], perm=[0, 2, 1, 3]),
+              mk("Reshape", ["k", "split"], ["k4"]), mk("Transpose", ["k4"], ["kt"], perm=[0, 2, 3, 1]),
+              mk("Reshape", ["v", "split"], ["v4"]), mk("Transpose", ["v4"], ["vh"], perm=[0, 2, 1, 3]),
+              mk("MatMul", ["qh", "kt"], ["sc"]), mk("Div", ["sc", "sqrt_d"], ["scd"]),
+              mk("Softmax", ["scd"], ["p"], axis=-1), mk("MatMul", ["p", "vh"], ["ctx"]),
+              mk("Transpose", ["ctx"], ["ct"], perm=[0, 2, 1, 3]), mk("Reshape", ["ct", "merge"], ["y"])]
+    g = helper.make_graph(nodes, "attn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, s, 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, s, 64])],
+                          [numpy_helper.from_array(v, k) for k, v in consts.items()])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("merged_view", [False, True])
+def test_head_split_slices_join_their_readers(width: str, merged_view: bool) -> None:
+    """The Split's slices are read through their [1, s, H, d] views (kernel/build.py: _through_view): K's slice
+    joins the Kᵀ copy, Q's and V's the attention matmuls that read them in place — no slice kernel is left. A view
+    that merges axes has no such index (a [256] of [4, 64] element needs a division): not read through."""
+    model = _onnx_fused_qkv_attention(merged_view)
+    check(model, {"x": np.random.default_rng(7).standard_normal((1, 24, 64), dtype=np.float32)}, 1e-5, target=width)
+    names = [k.name.split("_", 1)[1] for k in
+             lower(model, resolve(width), 2, check_options({}), stop_after="kernels").program.kernels]
+    assert "slice" not in names and "split" not in names and names.count("transpose") == 2, names
+    assert names.count("matmul") == 2, names
+    i, j = Var("i"), Var("j")
+    assert _view_reindex((i, j), (4, 64), (256,)) == (i * 64 + j,)  # split
+    assert _view_reindex((Const(0, "int64"), i, j), (1, 4, 64), (4, 64, 1)) == (i, j, Const(0, "int64"))  # unit axes
+    assert _view_reindex((i,), (256,), (4, 64)) is None  # merge
 
 
 def test_scale_after_matmul_numerics(width: str) -> None:
