@@ -30,7 +30,8 @@ PASS_OPTIONS: tuple[str, ...] = ("quantize_qdq", "fold_constants", "recognize_ge
                                  "scale_after_matmul", "elementwise_through_views", "conv1d_as_2d",
                                  "block_layout", "winograd", "pack_weights", "lower_precision", "fusion",
                                  "fuse_elementwise", "fuse_epilogue", "fuse_axes", "vectorize", "register_tile",
-                                 "prefetch", "pack_operands", "parallel", "memory_reuse", "amx", "dpbf16")
+                                 "prefetch", "pack_operands", "parallel", "memory_reuse", "amx", "dpbf16",
+                                 "compact_rows")
 # switches that only matter for precision="bf16" (`kiln bench --ablate` skips them for an fp32 build)
 PRECISION_OPTIONS: tuple[str, ...] = ("lower_precision", "amx", "dpbf16")
 
@@ -122,6 +123,7 @@ def lower_graph(graph: Graph, target: Target, num_threads: int, options: dict[st
     from kiln.codegen.split import split_kernels, start_units
     from kiln.graph.passes import run_graph_passes
     from kiln.kernel.build import build_program
+    from kiln.kernel.compact import compact_trailing
     from kiln.kernel.dynamic import DynamicDims
     from kiln.runtime.memory import plan_memory
     from kiln.schedule.default import schedule_program
@@ -142,6 +144,8 @@ def lower_graph(graph: Graph, target: Target, num_threads: int, options: dict[st
     out = Compiled(graph, timings=times)
     dims = DynamicDims.of(graph)                                             # 3a. symbolic dims → max layouts
     prog = build_program(graph, options, dims)                               # 3. lower + fuse → kernels
+    if options.get("compact_rows", True):                                    #    [seq, seq] intermediates: rows
+        compact_trailing(prog)                                               #    seq apart, not the bound's
     applied = apply_tuning(prog, tuning, target, num_threads, options)       # 3b. tuned schedules (database)
     out.tuned = applied.tuned
     schedule_program(prog.kernels, target, num_threads, options, applied.configs)  # 4. each distinct kernel once

@@ -155,6 +155,42 @@ def test_bounds_checked_build_stays_inside_the_max_layouts() -> None:
             pytest.fail(f"out-of-bounds access in the dynamic build: {e}")
 
 
+def _locals(body: list) -> list:
+    from kiln.kernel.ir import If, Local, Loop
+    out = []
+    for st in body:
+        if isinstance(st, Local):
+            out.append(st)
+        elif isinstance(st, Loop):
+            out += _locals(st.body)
+        elif isinstance(st, If):
+            out += _locals(st.body) + _locals(st.orelse)
+    return out
+
+
+def test_square_intermediates_get_run_time_rows(width: str) -> None:
+    """attention_model's scores and probabilities, [batch, seq, seq], are laid out with their rows seq apart
+    (kernel/compact.py): one merged last axis of the bound's size (48·48), indexed i·seq + j. The scores' matmul
+    keeps its register tile; outputs match onnxruntime at every size, and the build without it."""
+    from kiln.compiler import check_options, lower
+    from kiln.target import resolve
+    model, bounds = attention_model(), {"batch": (1, 4), "seq": (1, 48)}
+    prog = lower(model, resolve(width), 2, check_options({}), dynamic_bounds=bounds, stop_after="kernels").program
+    shape = {name.split(":")[-1].rsplit(".", 1)[0]: b.shape for name, b in prog.buffers.items()}  # "Mul:s.6" → s
+    assert shape["s"] == shape["a"] == (4, 48 * 48) and shape["ln"] == (4, 48, 32), shape
+    scores = next(k for k, names in zip(prog.kernels, prog.bindings) if names[0].startswith("Mul:s."))
+    assert any(loc.count > 1 for loc in _locals(scores.body)), "the scores' matmul lost its register tile"
+    exe = compiled_once(model, width, bounds)
+    if exe is not None:
+        check_sizes(exe, model, SIZES)
+        plain = kiln.compile(model, target=width, num_threads=2, cache=False, dynamic_bounds=bounds,
+                             compact_rows=False)
+        for size in SIZES[1:4]:
+            feeds = _feeds(model, size, 9)
+            for g, w in zip(exe.run(feeds), plain.run(feeds)):
+                assert_close(g, w, RTOL, f"size {size}: compact rows vs max layout")
+
+
 def test_sizes_are_checked_before_anything_runs() -> None:
     model = attention_model()
     exe = kiln.compile(model, num_threads=2, cache=False, dynamic_bounds={"batch": (1, 4), "seq": (2, 48)})

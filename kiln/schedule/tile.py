@@ -92,7 +92,10 @@ def choose_tile(k: Kernel, c: Compute, target: Target, dec: Decisions | None = N
     block are knobs of `dec` (schedule/config.py), the heuristics below their defaults."""
     dec = dec if dec is not None else Decisions()
     reds = [e for e in walk(c.body) if isinstance(e, Reduce)]
-    if len(reds) != 1 or reds[0].op != "sum" or len(c.axes) < 2 or (c.store is not None and len(c.store) != 1):
+    # an explicit store: one flat index, or the axes with the last two merged into one row-major index over run-time
+    # rows (kernel/compact.py), still unit-stride along n
+    if len(reds) != 1 or reds[0].op != "sum" or len(c.axes) < 2 or \
+            (c.store is not None and len(c.store) != 1 and not c.hints.get("compact_store")):
         return None
     red = reds[0]
     if red.dtype != "float32":
