@@ -238,6 +238,8 @@ REGIME_ROWS = (1,)
 # 3 rows beside 4: a 3-token step on the 4-row tile ran 1.25–1.33× the static build (gpt_decoder 1×3 and 4×3, Zen 4),
 # on its own 3-row tile 1.04–1.07×, for 9% more LLVM time. (A 2-row tile instead of the 1-row one: 1×2 1.33 → 1.11×,
 # but a 4-batch 1-token step 1.07× slower; a 3-row tile instead of the 4-row one: 4 tokens 1.6×.)
+# Only for GEMMs with packed weights: an activation × activation product (attention's) runs its full and 1-row tiles
+# alone — gpt_decoder at 1×3 … 1×77 measured the same without its variants, for 10% less LLVM time.
 ROW_VARIANTS = (8, 4, 3)
 
 
@@ -262,7 +264,7 @@ def regime_tiles(k: Kernel, c: Compute, shape: TileShape, tag: str, threads: int
     if not is_symbolic(M) or shape.flatten_rows:
         return nest
     m, taller = as_extent(M), tile_row_cost(as_extent(M), shape.mr)
-    for rows in sorted(r for r in ROW_VARIANTS if 2 <= r < shape.mr)[::-1]:
+    for rows in sorted(r for r in ROW_VARIANTS if 2 <= r < shape.mr and "nr" in c.hints)[::-1]:
         # (unpacked: a few rows' tiles serve short inputs, where a copy of A costs more than its rows' L1 conflicts)
         alt = tile_compute(k, c, replace(shape, mr=rows), f"{tag}m{rows}", threads, None, dec, pack_dynamic=False)
         cost = tile_row_cost(m, rows)
