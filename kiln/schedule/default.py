@@ -262,7 +262,7 @@ def regime_tiles(k: Kernel, c: Compute, shape: TileShape, tag: str, threads: int
     M = c.extents[shape.m_axis]
     nest = tile_compute(k, c, shape, tag, threads, None, dec)
     if not is_symbolic(M) or shape.flatten_rows:
-        return nest
+        return _small_on_caller(nest, c)
     m, taller = as_extent(M), tile_row_cost(as_extent(M), shape.mr)
     for rows in sorted(r for r in ROW_VARIANTS if 2 <= r < shape.mr and "nr" in c.hints)[::-1]:
         # (unpacked: a few rows' tiles serve short inputs, where a copy of A costs more than its rows' L1 conflicts)
@@ -274,6 +274,24 @@ def regime_tiles(k: Kernel, c: Compute, shape: TileShape, tag: str, threads: int
         small = tile_compute(k, c, replace(shape, mr=rows), f"{tag}r{rows}", threads, None, dec, pack_dynamic=False)
         limit = rows if rows == 1 else shape.mr - 1
         nest = [If(cmp("<=", M, Const(limit, "int64")), small, nest)]
+    return _small_on_caller(nest, c)
+
+
+def _small_on_caller(nest: list[Stmt], c: Compute) -> list[Stmt]:
+    """An activation × activation product (attention's, no packed weights) carries its run-time work on its tile
+    loops, and below PARALLEL_MIN_WORK runs on the calling thread (_serial_below), as its static build does: at one
+    token each of a decoder's attention matmuls is 256 multiply-adds, and handing it to the pool cost gpt_decoder's
+    1-token step more than the static build's whole attention. A GEMM with packed weights stays on the pool at any
+    size: its weights stream from memory faster on both cores (all its tile loops run on the calling thread: 1.03–1.15×
+    slower)."""
+    if "nr" in c.hints:
+        return nest
+    for st in nest:
+        if isinstance(st, Loop) and st.kind == "parallel":
+            _serial_below(st, c)
+        elif isinstance(st, If):
+            _small_on_caller(st.body, c)
+            _small_on_caller(st.orelse, c)
     return nest
 
 
