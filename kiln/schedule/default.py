@@ -258,7 +258,9 @@ def regime_tiles(k: Kernel, c: Compute, shape: TileShape, tag: str, threads: int
         elif cost(4) < min(cost(8), cost(MR)):            the 4-row tile
         elif cost(8) < cost(MR):                          the 8-row tile  (short prompts: less of the last tile wasted)
         else:                                             the MR-row tile (GEMM-like: prompts, batches; last clamped)
-    with cost(r) = tile_row_cost(M, r), ties to the taller tile."""
+    with cost(r) = tile_row_cost(M, r), ties to the taller tile. The 3-, 4- and 8-row tiles only for GEMMs with packed
+    weights (ROW_VARIANTS); an activation × activation product's tile loops run on the calling thread when small
+    (_small_on_caller)."""
     M = c.extents[shape.m_axis]
     nest = tile_compute(k, c, shape, tag, threads, None, dec)
     if not is_symbolic(M) or shape.flatten_rows:
@@ -279,11 +281,11 @@ def regime_tiles(k: Kernel, c: Compute, shape: TileShape, tag: str, threads: int
 
 def _small_on_caller(nest: list[Stmt], c: Compute) -> list[Stmt]:
     """An activation × activation product (attention's, no packed weights) carries its run-time work on its tile
-    loops, and below PARALLEL_MIN_WORK runs on the calling thread (_serial_below), as its static build does: at one
-    token each of a decoder's attention matmuls is 256 multiply-adds, and handing it to the pool cost gpt_decoder's
-    1-token step more than the static build's whole attention. A GEMM with packed weights stays on the pool at any
-    size: its weights stream from memory faster on both cores (all its tile loops run on the calling thread: 1.03–1.15×
-    slower)."""
+    loops, and below PARALLEL_MIN_WORK runs on the calling thread (_serial_below), as its static build decides at
+    compile time: at one token each of a decoder's attention matmuls is 256 multiply-adds per head, less than the
+    pool's fork/join (gpt_decoder's 1-token step 1.21 → 1.11× its static build). A GEMM with packed weights stays on
+    the pool at any size: its weights stream from memory faster on both cores (with every tile loop on the calling
+    thread when small, the model ran 1.03–1.15× slower)."""
     if "nr" in c.hints:
         return nest
     for st in nest:
