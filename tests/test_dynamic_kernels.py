@@ -191,6 +191,27 @@ def test_square_intermediates_get_run_time_rows(width: str) -> None:
                 assert_close(g, w, RTOL, f"size {size}: compact rows vs max layout")
 
 
+def test_transpose_to_run_time_rows_vectorizes_its_static_axis_when_short(width: str) -> None:
+    """Kᵀ-like copy: y[b, d, s] = x[b, s, d] with s run-time. Below one vector of s it runs vectorized along d (whole
+    loads, strided stores) instead of one lane of s per vector (schedule/default.py: _short_rows_copy); both paths
+    against onnxruntime."""
+    from kiln.compiler import check_options, lower
+    from kiln.kernel.ir import If
+    from kiln.target import resolve
+    nodes = [helper.make_node("Tanh", ["x"], ["t"]), helper.make_node("Transpose", ["t"], ["y"], perm=[0, 2, 1])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", T.FLOAT, ["batch", "seq", 64])],
+                   [helper.make_tensor_value_info("y", T.FLOAT, ["batch", 64, "seq"])], {})
+    bounds = {"batch": (1, 3), "seq": (1, 40)}
+    prog = lower(model, resolve(width), 2, check_options({}), dynamic_bounds=bounds, stop_after="kernels").program
+    lanes = resolve(width).lanes(32)
+    short = [st for kk in prog.kernels for st in kk.body if isinstance(st, If) and f"< {lanes})" in repr(st.cond)]
+    assert short, "no run-time choice for short rows"
+    exe = compiled_once(model, width, bounds)
+    if exe is not None:
+        check_sizes(exe, model, [{"batch": 1, "seq": 1}, {"batch": 3, "seq": 5}, {"batch": 2, "seq": lanes - 1},
+                                 {"batch": 2, "seq": lanes}, {"batch": 3, "seq": 40}])
+
+
 def test_sizes_are_checked_before_anything_runs() -> None:
     model = attention_model()
     exe = kiln.compile(model, num_threads=2, cache=False, dynamic_bounds={"batch": (1, 4), "seq": (2, 48)})
