@@ -61,6 +61,7 @@ class SearchContext:
     training: dict[str, list[tuple[list[float], float]]] = field(default_factory=dict)  # class → rows (all sigs)
     max_trials: int | None = None    # candidates per workload at most (the default's measurement included)
     model_s: float = 0.0             # the model's time under default schedules (Σ default time × count)
+    interrupted: bool = False        # Ctrl-C seen (set by tune()'s SIGINT handler; see `measure`)
 
 
 @dataclass
@@ -115,6 +116,8 @@ class WorkloadSearch:
 
     def measure(self, built: Built, is_default: bool = False) -> float | None:
         """Time one built candidate; record it (whatever happens); its median seconds if ok and correct."""
+        if self.ctx.interrupted:  # a Ctrl-C whose KeyboardInterrupt was lost (raised inside a finalizer or an
+            raise KeyboardInterrupt  # import's lock callback, Python prints it as "Exception ignored")
         t0 = time.perf_counter()
         try:
             return self._measure(built, is_default)

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -155,6 +157,7 @@ def tune(model: onnx.ModelProto | str | bytes | os.PathLike, budget_s: float = 9
     ctx.on_measure = on_measure
     current: WorkloadSearch | None = None
     search_s = budget_s * (1 - VERIFY_RESERVE) if verify else budget_s
+    restore_sigint = _flag_ctrl_c(ctx)
     try:
         searches = [WorkloadSearch(w, ctx) for w in work]
         shares = _default_shares(searches)
@@ -192,8 +195,25 @@ def tune(model: onnx.ModelProto | str | bytes | os.PathLike, budget_s: float = 9
             report.interrupted = True
         finally:
             database.close()
+            restore_sigint()
         report.seconds = time.perf_counter() - t_start
     return report
+
+
+def _flag_ctrl_c(ctx: SearchContext) -> Callable[[], None]:
+    """While tuning, Ctrl-C also sets `ctx.interrupted`, which the search checks before each measurement: the
+    KeyboardInterrupt alone is lost when it lands in a finalizer or an import's lock callback (the cost model's
+    first fit imports XGBoost mid-search), and the run then went on to the end of its budget. Only in the main
+    thread, only over Python's own handler; returns the function that puts that back."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return lambda: None
+
+    def on_sigint(signum: int, frame: object) -> None:
+        ctx.interrupted = True
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGINT, on_sigint)
+    return lambda: signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _default_shares(searches: list[WorkloadSearch]) -> dict[str, float]:
