@@ -223,7 +223,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                       target=args.target or "host", num_threads=args.threads, strategy=args.strategy or "direct",
                       ray_address=args.ray_address, workers=args.workers, progress=not args.quiet, seed=args.seed,
                       retune=args.retune, max_trials=args.max_trials, precision=args.precision,
-                      verify=not args.no_verify, **opts)
+                      verify=not args.no_verify, search=args.search, **opts)
     except KeyboardInterrupt:  # Ctrl-C during tune()'s own clean-up (closing the pools): every row is committed
         print("kiln tune: interrupted; the measurements made so far are in the database", file=sys.stderr)
         return 130
@@ -334,6 +334,9 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--max-trials", type=int, metavar="N", help="at most N candidates per distinct kernel (a trial "
                    "budget, as MetaSchedule's), within the time budget")
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--search", default="evolutionary", metavar="POLICY",
+                   help="how each round proposes candidates: evolutionary (default), random, model-random, local "
+                        "(benchmarks/search_policies.py compares them)")
     t.add_argument("--no-verify", action="store_true", help="skip step 5: the model built with and without its "
                    "records, records that make it slower put back to their defaults")
     t.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -603,6 +603,25 @@ def test_tune_with_a_trial_budget(tmp_path) -> None:
     check(model, feeds, 1e-4, tuning=path)
 
 
+@pytest.mark.parametrize("policy", ["random", "model-random", "local"])
+def test_tune_with_another_search_policy(tmp_path, policy: str) -> None:
+    """The policies compared with the evolutionary default (benchmarks/search_policies.py) each search: their
+    candidates are measured, checked and recorded, and the best record gives the reference's outputs."""
+    model, feeds = gemm(m=40, k=64, n=64)
+    path = str(tmp_path / "p.db")
+    report = tune(model, budget_s=60, db=path, per_kernel_s=60, workers="local", progress=False, max_trials=6,
+                  search=policy, verify=False)
+    (res,) = [r for r in report.results if r.klass == "matmul"]
+    assert res.trials == 6 and res.statuses.get("ok", 0) >= 4, res.statuses
+    db = TuningDatabase(path, create=False)
+    configs = {str(sorted(m.config.items())) for m in db.measurements(res.sig)}
+    assert len(configs) == 6   # no candidate measured twice
+    db.close()
+    check(model, feeds, 1e-4, tuning=path)
+    with pytest.raises(ValueError, match="unknown search policy 'anneal'"):
+        tune(model, budget_s=5, db=path, workers="local", progress=False, search="anneal")
+
+
 def test_tune_through_a_local_ray_cluster(tmp_path) -> None:
     """Candidates compile as Ray tasks on a local cluster bound to 127.0.0.1; measurement stays here."""
     pytest.importorskip("ray")

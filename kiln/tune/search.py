@@ -11,11 +11,13 @@
             by more than NOISE in those rounds (not in the search's own, lucky-minimum times), else the default
             stays; it is written as the workload's best record
 
-Why evolutionary and not beam search — a design argument, NOT yet backed by a side-by-side measurement of the
-two (still to do): mutation keeps the good knob values of a fast candidate while moving one or
-two, which suits spaces where a few knobs interact (tile rows × order × cache block); random samples and the
-explore share keep it from settling on a local optimum; the model saves measuring the many obviously bad
-proposals (a 1-row tile, a vector of 4 lanes on AVX-512)."""
+How a round proposes is data (`POLICIES`): the evolutionary mix above (the default), and for comparison pure
+random search, random samples ranked by the model (Ansor's sampler without its evolution), and a local search
+from the elite (one-knob moves only: beam-like). `benchmarks/search_policies.py` runs them side by side with the
+same trial budget; the measured comparison that chose the default is in docs/search-policies.md. Mutation keeps
+the good knob values of a fast candidate while moving one or two, which suits spaces where a few knobs interact
+(tile rows × order × cache block); random samples and the explore share keep it from settling on a local optimum;
+the model saves measuring the many obviously bad proposals (a 1-row tile, a vector of 4 lanes on AVX-512)."""
 from __future__ import annotations
 
 import random
@@ -40,6 +42,27 @@ ELITE = 6          # the fastest measured, parents of the next round
 VERIFY_TOP = 3     # candidates re-timed against the default at the end
 VERIFY_ROUNDS = 3
 NOISE = 1.02       # a winner must be this much faster than the default in the verification
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How a round fills its pool of POOL proposals: each from a mutation of the elite (one knob moved with
+    probability `one_knob`, else two), a crossover of two of them, or a random sample, in these proportions (a
+    round with no elite yet samples at random); whether the cost model ranks the pool (else the batch is drawn from
+    it at random)."""
+    mutate: float
+    crossover: float
+    ranked: bool = True
+    one_knob: float = 0.7
+
+
+POLICIES: dict[str, Policy] = {
+    "evolutionary": Policy(mutate=0.55, crossover=0.15),
+    "random": Policy(mutate=0.0, crossover=0.0, ranked=False),        # random search (no model, no evolution)
+    "model-random": Policy(mutate=0.0, crossover=0.0),                # random samples, the model picks
+    "local": Policy(mutate=1.0, crossover=0.0, one_knob=1.0),         # one-knob moves from the elite (beam-like)
+}
+
 # ... and save at least this fraction of the model's time (all its kernels of the workload): a gain below what the
 # model's own timing resolves is not worth the risk that a schedule measured alone loses in the model
 # (conv_r50_3x3's layout change: 0.5 µs faster alone — 0.08% of the model — and 1.03–1.08× slower in it)
@@ -61,6 +84,7 @@ class SearchContext:
     training: dict[str, list[tuple[list[float], float]]] = field(default_factory=dict)  # class → rows (all sigs)
     max_trials: int | None = None    # candidates per workload at most (the default's measurement included)
     model_s: float = 0.0             # the model's time under default schedules (Σ default time × count)
+    policy: str = "evolutionary"     # how rounds propose (POLICIES)
     interrupted: bool = False        # Ctrl-C seen (set by tune()'s SIGINT handler; see `measure`)
 
 
@@ -234,14 +258,15 @@ class WorkloadSearch:
                 into[c.key] = c
         for cfg in seeds:
             add(space.realize(cfg), chosen)
+        policy = POLICIES[self.ctx.policy]
         attempts = 0
         while len(pool) < POOL and attempts < 4 * POOL:
             attempts += 1
             r = rng.random()
-            if elite and r < 0.55:
+            if elite and r < policy.mutate:
                 parent = elite[min(int(rng.expovariate(1.0)), len(elite) - 1)][0]
-                add(space.mutate(parent, rng, changes=1 if rng.random() < 0.7 else 2), pool)
-            elif len(elite) >= 2 and r < 0.7:
+                add(space.mutate(parent, rng, changes=1 if rng.random() < policy.one_knob else 2), pool)
+            elif len(elite) >= 2 and r < policy.mutate + policy.crossover:
                 a, b = rng.sample(elite, 2)
                 add(space.crossover(a[0], b[0], rng), pool)
             else:
@@ -251,9 +276,12 @@ class WorkloadSearch:
             c.features = features_of(c.kernel, self.ctx.target, self.ctx.threads)
         if not cands:
             return list(chosen.values())
-        self._fit()
-        scores = self.model.score([c.features for c in cands])
-        ranked = [cands[i] for i in np.argsort(-scores)]
+        if policy.ranked:
+            self._fit()
+            scores = self.model.score([c.features for c in cands])
+            ranked = [cands[i] for i in np.argsort(-scores)]
+        else:
+            ranked = rng.sample(cands, len(cands))
         picks = ranked[:max(0, BATCH - EXPLORE - len(chosen))]
         rest = ranked[len(picks):]
         explore = rng.sample(rest, min(EXPLORE, len(rest)))

@@ -30,7 +30,7 @@ import onnx
 from kiln.target import Target, host, resolve
 from kiln.tune.database import TuningDatabase
 from kiln.tune.measure import Measurer
-from kiln.tune.search import SearchContext, WorkloadResult, WorkloadSearch
+from kiln.tune.search import POLICIES, SearchContext, WorkloadResult, WorkloadSearch
 from kiln.tune.workload import Workload, definition, target_description, target_key, tunable, workloads_of
 
 MIN_SHARE = 0.004     # workloads under this share of the model's time are not searched (their default stays)
@@ -103,17 +103,21 @@ def tune(model: onnx.ModelProto | str | bytes | os.PathLike, budget_s: float = 9
          strategy: str = "direct", ray_address: str | None = None, workers: str = "ray", progress: bool = True,
          seed: int = 0, retune: bool = False, input_shapes: dict[str, Sequence[int]] | None = None,
          measure_timeout_s: float = 30.0, max_trials: int | None = None, precision: str = "fp32",
-         verify: bool = True, **options: bool) -> TuneReport:
+         verify: bool = True, search: str = "evolutionary", **options: bool) -> TuneReport:
     """Tune a model's kernels for `target` (this machine, or a narrower x86 width of it) within `budget_s`
     seconds, recording into the tuning database `db` (default: $KILN_CACHE_DIR/tuning.db); `max_trials`: at most
     that many candidates per workload, whatever time is left (a trial budget, as MetaSchedule's). Returns a report;
     `kiln.compile(model)` then applies the best records (tuning="auto"). `precision="bf16"` tunes the kernels of
     `kiln.compile(model, precision="bf16")` (its anchors' vdpbf16ps / emulated tiles); a quantized (QDQ) model's
-    integer anchors are tuned as they are."""
+    integer anchors are tuned as they are. `search`: how each round proposes candidates, a name in
+    `kiln.tune.search.POLICIES` (the others are there to be compared with the default:
+    benchmarks/search_policies.py)."""
     from kiln.frontend.onnx import load_model
     from kiln.tune.distributed import make_pool
 
     t_start = time.perf_counter()
+    if search not in POLICIES:
+        raise ValueError(f"unknown search policy {search!r}; one of {', '.join(POLICIES)}")
     tgt = resolve(target)
     if tgt.triple != host().triple:
         raise ValueError(f"tuning measures on this machine; {tgt.name} is another ISA")
@@ -146,7 +150,7 @@ def tune(model: onnx.ModelProto | str | bytes | os.PathLike, budget_s: float = 9
     report.workers = pool.name if not ray_address else f"ray@{ray_address}"
     bar = _bar(len(work), progress)
     ctx = SearchContext(tgt, threads, opts, database, tkey, measurer, pool, run, random.Random(seed),
-                        max_trials=max_trials)
+                        max_trials=max_trials, policy=search)
     ctx.training = _training_data(database, tkey)
 
     def on_measure(w: Workload, default_s: float, best_s: float) -> None:
