@@ -681,10 +681,9 @@ def test_ctrl_c_stops_the_search_even_when_its_exception_is_lost(tmp_path, monke
                 pass
         return real(self, built, is_default)
     monkeypatch.setattr(WorkloadSearch, "_measure", measure_then_lose_a_ctrl_c)
-    t0 = time.perf_counter()
     report = tune(model, budget_s=60, per_kernel_s=60, db=str(tmp_path / "lost.db"), workers="local",
                   progress=False, verify=False)
-    assert report.interrupted and len(measured) == 3 and time.perf_counter() - t0 < 45
+    assert report.interrupted and len(measured) == 3   # (without the flag it measures on to the end of its budget)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler   # put back
     db = TuningDatabase(str(tmp_path / "lost.db"), create=False)
     assert len(db.measurements()) == 3

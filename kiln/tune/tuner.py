@@ -198,8 +198,8 @@ def tune(model: onnx.ModelProto | str | bytes | os.PathLike, budget_s: float = 9
         except KeyboardInterrupt:
             report.interrupted = True
         finally:
-            database.close()
             restore_sigint()
+            database.close()
         report.seconds = time.perf_counter() - t_start
     return report
 
