@@ -272,11 +272,11 @@ class WorkloadSearch:
             else:
                 add(space.sample(rng), pool)
         cands = list(pool.values())
-        for c in cands + list(chosen.values()):
-            c.features = features_of(c.kernel, self.ctx.target, self.ctx.threads)
         if not cands:
             return list(chosen.values())
-        if policy.ranked:
+        if policy.ranked:  # (features only to rank by: a measured candidate's are computed where it is built)
+            for c in cands:
+                c.features = features_of(c.kernel, self.ctx.target, self.ctx.threads)
             self._fit()
             scores = self.model.score([c.features for c in cands])
             ranked = [cands[i] for i in np.argsort(-scores)]
