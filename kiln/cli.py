@@ -64,6 +64,20 @@ def _dim_values(exe, dims: str | None) -> dict[str, int]:  # noqa: ANN001
     return values
 
 
+def _bounds(text: str | None) -> dict[str, tuple[int, int]] | None:
+    """`--bounds batch=1:4,seq=1:512` → {"batch": (1, 4), "seq": (1, 512)} (a symbolic model's dynamic_bounds)."""
+    if not text:
+        return None
+    out = {}
+    for item in text.split(","):
+        name, sep, rng = item.partition("=")
+        lo, colon, hi = rng.partition(":")
+        if not sep or not colon or not lo.strip().isdigit() or not hi.strip().isdigit():
+            raise ValueError(f"--bounds wants NAME=LO:HI for each symbolic dim, got {item!r}")
+        out[name.strip()] = (int(lo), int(hi))
+    return out
+
+
 def _options(args: argparse.Namespace) -> dict:
     """Compile keywords from the common flags: pass switches, the strategy and per-node overrides."""
     opts: dict = {name: False for name in (args.disable or [])}
@@ -83,6 +97,8 @@ def _options(args: argparse.Namespace) -> dict:
         opts["tuning"] = args.tuning
     if getattr(args, "precision", "fp32") != "fp32":
         opts["precision"] = args.precision
+    if getattr(args, "bounds", None):
+        opts["dynamic_bounds"] = _bounds(args.bounds)
     return opts
 
 
@@ -223,7 +239,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                       target=args.target or "host", num_threads=args.threads, strategy=args.strategy or "direct",
                       ray_address=args.ray_address, workers=args.workers, progress=not args.quiet, seed=args.seed,
                       retune=args.retune, max_trials=args.max_trials, precision=args.precision,
-                      verify=not args.no_verify, search=args.search, **opts)
+                      verify=not args.no_verify, search=args.search, dynamic_bounds=_bounds(args.bounds), **opts)
     except KeyboardInterrupt:  # Ctrl-C during tune()'s own clean-up (closing the pools): every row is committed
         print("kiln tune: interrupted; the measurements made so far are in the database", file=sys.stderr)
         return 130
@@ -282,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--cpu", help="CPU of a cross target, e.g. neoverse-v1, sifive-x280")
     c.add_argument("--bounds-check", action="store_true",
                    help="debug build: check every memory access; a run that goes out of bounds fails with BoundsError")
+    c.add_argument("--bounds", help="a symbolic model's bounds: NAME=LO:HI,... (default 1:512 each)")
     c.add_argument("--tuning", metavar="auto|off|DB", help="apply tuned schedules: auto (default: the cache "
                    "directory's tuning.db), off, or a tuning database file")
     c.set_defaults(fn=cmd_compile)
@@ -302,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--top", type=int, default=25, help="kernels shown by --profile")
     r.add_argument("--bounds-check", action="store_true",
                    help="debug build: check every memory access; a run that goes out of bounds fails with BoundsError")
+    r.add_argument("--bounds", help="a symbolic model's bounds: NAME=LO:HI,... (default 1:512 each)")
     r.add_argument("--tuning", metavar="auto|off|DB", help="apply tuned schedules: auto (default), off, or a "
                    "tuning database file")
     r.set_defaults(fn=cmd_run)
@@ -327,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--strategy", choices=["direct", "ukernel"], help="the model's strategy (direct searches the "
                    "microkernel too)")
     t.add_argument("--disable", action="append", metavar="OPTION", help="compile option off (as kiln compile)")
+    t.add_argument("--bounds", help="a symbolic model's bounds, as kiln compile --bounds: its shape-generic "
+                   "kernels are tuned once, over sizes drawn from them")
     t.add_argument("--retune", action="store_true", help="search kernels that already have a record again")
     t.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                    help="tune the kernels of `kiln compile --precision bf16` (a QDQ model's int8 anchors are tuned "

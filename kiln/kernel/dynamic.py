@@ -129,7 +129,7 @@ class DynamicDims:
         if isinstance(d, sp.Integer):
             return Const(int(d), "int64")
         if isinstance(d, sp.Symbol):
-            return Sym(d.name, self.slots[d.name], self.bounds[d.name][1])
+            return Sym(d.name, self.slots[d.name], self.bounds[d.name][1], lo=self.bounds[d.name][0])
         if isinstance(d, sp.Add):
             out = self.expr(d.args[0])
             for a in d.args[1:]:

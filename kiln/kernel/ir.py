@@ -106,6 +106,7 @@ class Sym(Expr):
     index: int  # its slot in the module's dims array
     hi: int     # its upper bound: the size of the max layout, and what schedule decisions plan for
     dtype: str = "int64"
+    lo: int = 1  # its lower bound (the tuner draws the sizes it measures at from [lo, hi]: tune/sizes.py)
 
     def __repr__(self) -> str:
         return f"${{{self.name}}}"
@@ -411,6 +412,28 @@ def hint(e: Expr | int) -> int:
     if isinstance(e, Bin) and e.op in _INT_OPS:
         return int(_INT_OPS[e.op](hint(e.a), hint(e.b)))
     raise ValueError(f"extent {e!r} is not an integer expression of constants and symbolic dims")
+
+
+_CMP_OPS = {"<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b,
+            "==": lambda a, b: a == b, "!=": lambda a, b: a != b, "and": lambda a, b: a and b,
+            "or": lambda a, b: a or b}
+
+
+def value_at(e: Expr | int, env: dict[str, int]) -> int | None:
+    """An integer expression of constants and symbolic dims at the sizes `env` (symbol → value; a symbol not in it
+    at its upper bound), comparisons as 0/1; None where it holds anything else (a loop variable, a load)."""
+    if isinstance(e, (int, np.integer)):
+        return int(e)
+    if isinstance(e, Const):
+        return int(e.value) if isinstance(e.value, (int, bool, np.integer)) else None
+    if isinstance(e, Sym):
+        return int(env.get(e.name, e.hi))
+    if isinstance(e, Bin) and (e.op in _INT_OPS or e.op in _CMP_OPS):
+        a, b = value_at(e.a, env), value_at(e.b, env)
+        if a is None or b is None or (e.op in ("//", "%") and b == 0):
+            return None
+        return int((_INT_OPS.get(e.op) or _CMP_OPS[e.op])(a, b))
+    return None
 
 
 def as_extent(n: Expr | int) -> Expr:

@@ -13,6 +13,10 @@ or microkernel Call), weighted by how often it runs, and summed into one vector 
     chunks per thread and load balance over the threads;
   * the analytic estimate below (log seconds).
 
+A kernel over symbolic dims (a model compiled with dynamic shapes) is one piece of code for a distribution of
+sizes (tune/sizes.py): its features are its micro-kernel's (at the upper bounds) and `log_spatial`, how well its
+tiles cover those sizes, computed analytically (DietCode's f_MK × f_spatial; `LearnedModel(split=True)`).
+
 The analytic model — time = max(FMA issue, load issue, bytes per cache level ÷ that level's bandwidth),
 stretched by FMA latency chains too short to fill the pipes, by register spills and by parallel imbalance —
 ranks candidates before any is measured. `LearnedModel` refines it: XGBoost with a pairwise ranking objective,
@@ -28,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kiln.kernel.analysis import coef, flat_index
-from kiln.kernel.ir import Bin, Call, Const, Expr, If, Kernel, Load, Local, Loop, Stmt, Store, Var, walk
+from kiln.kernel.ir import Bin, Call, Const, Expr, If, Kernel, Load, Local, Loop, Stmt, Store, Var, value_at, walk
 from kiln.target import Target
 
 FEATURES: tuple[str, ...] = (
@@ -36,7 +40,7 @@ FEATURES: tuple[str, ...] = (
     "acc_regs", "step_regs", "pressure", "spill",
     "log_inner_trip", "log_unroll", "vec_ratio", "log_par_ext", "chunks", "balance", "par_loops",
     "log_ws0", "log_ws1", "log_ws2", "log_ws3", "log_l1_bytes", "log_l2_bytes", "log_l3_bytes", "log_dram_bytes",
-    "bytes_per_flop_l2", "bytes_per_flop_l3", "ukernel", "log_analytic",
+    "bytes_per_flop_l2", "bytes_per_flop_l3", "ukernel", "log_analytic", "log_spatial",
 )
 FREQ = 3.0e9            # nominal clock (cancels out of every ranking)
 FMA_PORTS = 2
@@ -82,8 +86,9 @@ class _Acc:
 
 
 class _Walker:
-    def __init__(self, k: Kernel, target: Target):
+    def __init__(self, k: Kernel, target: Target, env: dict[str, int] | None = None):
         self.k, self.t = k, target
+        self.env = env or {}  # symbolic dims' values (a symbol not in it: at its upper bound)
         self.native = target.lanes(32)
         self.shapes = {b.name: b.shape for b in list(k.args) + list(k.scratch)}
         self.itemsize = {b.name: np.dtype(b.dtype).itemsize for b in list(k.args) + list(k.scratch)}
@@ -94,11 +99,12 @@ class _Walker:
     def stmts(self, body: list[Stmt], loops: list[_Ctx]) -> None:
         for s in body:
             if isinstance(s, Loop):
-                ub = _upper(s.extent) or 1
+                ub = self.bound(s.extent)
                 trip = -(-ub // s.lanes) if s.kind == "vector" else ub
                 self.stmts(s.body, loops + [_Ctx(s.var, max(1, trip), s.kind, s.lanes if s.kind == "vector" else 1)])
             elif isinstance(s, If):
-                self.stmts(s.body, loops)  # the common (interior) side; edges are a small share
+                taken = value_at(s.cond, self.env)  # a regime dispatch on the symbolic dims: the side that runs
+                self.stmts(s.orelse if taken == 0 else s.body, loops)  # else the common (interior) side
             elif isinstance(s, Local):
                 lanes = next((c.lanes for c in reversed(loops) if c.kind == "vector"), 1)
                 self.locals[s.name] = s.count * max(1, -(-lanes // self.native))
@@ -108,6 +114,11 @@ class _Walker:
                 self.call(s, loops)
             elif hasattr(s, "value") and hasattr(s, "name"):  # Assign: an accumulator update
                 self.store(None, (), s.value, loops, is_store=False, acc=s.name)
+
+    def bound(self, e: Expr) -> int:
+        """A loop extent's value at the walker's sizes, or an upper bound of it (an edge tile's min(MR, ·))."""
+        v = value_at(e, self.env)
+        return v if v is not None and v > 0 else (_upper(e) or 1)
 
     def _iters(self, loops: list[_Ctx]) -> float:
         return float(np.prod([c.trip for c in loops])) if loops else 1.0
@@ -188,7 +199,7 @@ class _Walker:
         a.ukernel = True
         tile = s.fn.split("_f32_")[1].split("_")[0]
         mr, nr = (int(x) for x in tile.split("x"))
-        k_len = _upper(s.args[4]) or 1
+        k_len = self.bound(s.args[4])
         iters = self._iters(loops)
         nvec = max(1, nr // self.native)
         flops = 2.0 * mr * nr * k_len * iters
@@ -233,16 +244,44 @@ def analytic_seconds(f: dict[str, float], target: Target, threads: int) -> float
 
 
 def features_of(k: Kernel, target: Target, threads: int) -> list[float]:
-    """The feature vector (FEATURES, in order) of a scheduled kernel."""
-    return feature_dict(k, target, threads)[1]
+    """The feature vector (FEATURES, in order) of a scheduled kernel. A kernel over symbolic dims (tune/sizes.py) is
+    described DietCode's way: its micro-kernel's features — the kernel at the upper bounds, where every tile is whole
+    — and `log_spatial`, the analytic cost of how its tiles cover the sizes it is measured at; `log_analytic` is
+    the mean of the analytic estimate's log over those sizes."""
+    from kiln.tune.sizes import iterations_at, size_distribution
+
+    sizes = size_distribution(k)
+    feats, vec = feature_dict(k, target, threads)
+    if not sizes:
+        return vec
+    top = _raw_at(k, target, threads, {})
+    spatial, est = [], []
+    for size in sizes:
+        raw = _raw_at(k, target, threads, size)
+        # vector lanes executed per useful iteration against the whole tiles' (≥ 1: partial tiles and vectors,
+        # a regime variant's extra rows)
+        waste = (raw["slots"] / max(iterations_at(k, size), 1)) / max(top["slots"] / max(iterations_at(k, {}), 1),
+                                                                        1e-30)
+        spatial.append(math.log(max(waste, 1e-6)) - math.log(max(raw["balance"], 1e-6) / max(top["balance"], 1e-6)))
+        est.append(math.log(max(analytic_seconds(raw, target, threads), 1e-12)))
+    feats["log_spatial"] = float(np.mean(spatial))
+    feats["log_analytic"] = float(np.mean(est))
+    return [float(feats[n]) for n in FEATURES]
 
 
-def feature_dict(k: Kernel, target: Target, threads: int) -> tuple[dict[str, float], list[float]]:
-    w = _Walker(k, target)
+def _raw_at(k: Kernel, target: Target, threads: int, env: dict[str, int]) -> dict:
+    return feature_dict(k, target, threads, env, raw_only=True)[0]
+
+
+def feature_dict(k: Kernel, target: Target, threads: int, env: dict[str, int] | None = None,
+                 raw_only: bool = False) -> tuple[dict[str, float], list[float]]:
+    """The features of a scheduled kernel at the sizes `env` (symbol → value; default: the upper bounds), or with
+    `raw_only` the sums the analytic model reads."""
+    w = _Walker(k, target, env)
     w.stmts(k.body, [])
     a = w.acc
     par = [s for s in k.body if isinstance(s, Loop) and s.kind == "parallel"]
-    par_ext = max((_upper(s.extent) or 1 for s in par), default=1)
+    par_ext = max((w.bound(s.extent) for s in par), default=1)
     chunks = max((s.chunks for s in par), default=0)
     per = threads * (chunks or 4)
     chunk = max(1, -(-par_ext // per))
@@ -258,7 +297,9 @@ def feature_dict(k: Kernel, target: Target, threads: int) -> tuple[dict[str, flo
     pressure = (acc_regs + step_regs + 2) / target.vector_registers
     raw = {"flops": a.flops, "fma_vec": a.fma_vec, "acc_regs": acc_regs, "loads": a.loads, "bcasts": a.bcasts,
            "gathers": a.gathers, "stores": a.stores, "traffic": a.traffic, "pressure": pressure,
-           "balance": balance, "par_loops": float(len(par))}
+           "balance": balance, "par_loops": float(len(par)), "slots": a.lane_slots}
+    if raw_only:
+        return raw, []
     est = analytic_seconds(raw, target, threads)
     ws4 = (list(ws) + [ws[-1]] * 4)[:4] if ws else [0.0] * 4
     feats = {
@@ -272,7 +313,7 @@ def feature_dict(k: Kernel, target: Target, threads: int) -> tuple[dict[str, flo
         "log_ws3": _log2(ws4[3]), "log_l1_bytes": _log2(a.traffic[0]), "log_l2_bytes": _log2(a.traffic[1]),
         "log_l3_bytes": _log2(a.traffic[2]), "log_dram_bytes": _log2(a.traffic[3]),
         "bytes_per_flop_l2": a.traffic[1] / max(a.flops, 1.0), "bytes_per_flop_l3": a.traffic[2] / max(a.flops, 1.0),
-        "ukernel": float(a.ukernel), "log_analytic": math.log(max(est, 1e-12)),
+        "ukernel": float(a.ukernel), "log_analytic": math.log(max(est, 1e-12)), "log_spatial": 0.0,
     }
     return feats, [float(feats[n]) for n in FEATURES]
 
@@ -282,14 +323,28 @@ def analytic_of(features: Sequence[float]) -> float:
     return math.exp(features[FEATURES.index("log_analytic")])
 
 
+def _padded(feats: Sequence[Sequence[float]]) -> np.ndarray:
+    """Feature rows as an array; rows recorded before a feature was added get it as 0 — what every feature added
+    since means for the kernels measured then (log_spatial: a kernel of constant extents)."""
+    return np.asarray([list(f) + [0.0] * (len(FEATURES) - len(f)) for f in feats], dtype=np.float32)
+
+
+_SPATIAL = FEATURES.index("log_spatial")
+
+
 class LearnedModel:
     """XGBoost ranking model (objective rank:pairwise) over FEATURES; groups are workloads. Before it has seen
-    two measured candidates of some workload it ranks by the analytic estimate."""
+    two measured candidates of some workload it ranks by the analytic estimate.
+
+    `split=True` (a workload over symbolic dims: tune/sizes.py) is DietCode's split, cost = f_MK × f_spatial: a
+    regression (XGBoost, squared error) learns the micro-kernel's log time from its features — the measured log
+    time less the analytic `log_spatial`, centred per workload so that workloads of other sizes train it too — and
+    the candidate's predicted log time is that plus its own `log_spatial`."""
 
     MIN_ROWS = 8
 
-    def __init__(self, seed: int = 0):
-        self.seed = seed
+    def __init__(self, seed: int = 0, split: bool = False):
+        self.seed, self.split = seed, split
         self.booster = None
         self.rows = 0
 
@@ -299,30 +354,45 @@ class LearnedModel:
         for feats, secs in groups:
             if len(feats) < 2:
                 continue
-            best = min(secs)
-            xs += [list(f) for f in feats]
-            # relevance: speed relative to the workload's best, in 0..31 (pairwise pairs form where it differs)
-            ys += [float(np.clip(np.round(31 * (best / s) ** 2), 0, 31)) for s in secs]
+            x = _padded(feats)
+            if self.split:  # the micro-kernel's log time: the measured one less the analytic spatial part
+                y = np.log(np.asarray(secs, dtype=np.float64)) - x[:, _SPATIAL]
+                ys += list(y - y.mean())
+            else:  # relevance: speed relative to the workload's best, in 0..31 (pairwise pairs form where it differs)
+                best = min(secs)
+                ys += [float(np.clip(np.round(31 * (best / s) ** 2), 0, 31)) for s in secs]
+            xs.append(x)
             sizes.append(len(feats))
-        self.rows = len(xs)
+        self.rows = sum(sizes)
         if self.rows < self.MIN_ROWS:
             self.booster = None
             return False
         import xgboost as xgb  # (imported only now: ≈ 3 s)
-        d = xgb.DMatrix(np.asarray(xs, dtype=np.float32), label=np.asarray(ys, dtype=np.float32))
-        d.set_group(sizes)
-        params = {"objective": "rank:pairwise", "eta": 0.2, "max_depth": 5, "min_child_weight": 1,
-                  "subsample": 0.9, "colsample_bytree": 0.9, "seed": self.seed, "verbosity": 0, "nthread": 1}
+        x = np.concatenate(xs)
+        if self.split:
+            x[:, _SPATIAL] = 0.0  # f_MK sees the micro-kernel alone
+        d = xgb.DMatrix(x, label=np.asarray(ys, dtype=np.float32))
+        params = {"eta": 0.2, "max_depth": 5, "min_child_weight": 1, "subsample": 0.9, "colsample_bytree": 0.9,
+                  "seed": self.seed, "verbosity": 0, "nthread": 1}
+        if self.split:
+            params["objective"] = "reg:squarederror"
+        else:
+            d.set_group(sizes)
+            params["objective"] = "rank:pairwise"
         self.booster = xgb.train(params, d, num_boost_round=60)
         return True
 
     def score(self, feats: Sequence[Sequence[float]]) -> np.ndarray:
         """Higher = predicted faster."""
-        x = np.asarray([list(f) for f in feats], dtype=np.float32)
+        x = _padded(feats) if len(feats) else np.zeros((0, len(FEATURES)), dtype=np.float32)
         if self.booster is None or not len(x):
             return -x[:, FEATURES.index("log_analytic")] if len(x) else np.zeros(0)
         import xgboost as xgb
-        return self.booster.predict(xgb.DMatrix(x))
+        if not self.split:
+            return self.booster.predict(xgb.DMatrix(x))
+        spatial = x[:, _SPATIAL].copy()
+        x[:, _SPATIAL] = 0.0
+        return -(self.booster.predict(xgb.DMatrix(x)) + spatial)  # −(log f_MK⁻¹ + log f_spatial⁻¹)
 
 
 def spearman(a: Sequence[float], b: Sequence[float]) -> float:

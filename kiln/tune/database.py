@@ -240,6 +240,11 @@ class TuningDatabase:
     def workloads(self) -> list[tuple[str, str, float]]:
         return [tuple(r) for r in self.conn.execute("SELECT sig, klass, flops FROM workloads ORDER BY sig")]
 
+    def symbolic_sigs(self) -> set[str]:
+        """Workloads over symbolic dims: their definitions list the sizes they are measured at (tune/sizes.py)."""
+        return {r[0] for r in self.conn.execute(
+            "SELECT sig FROM workloads WHERE instr(definition, char(10) || 'sizes [') > 0")}
+
     def tkeys(self) -> list[str]:
         return [r[0] for r in self.conn.execute("SELECT tkey FROM targets ORDER BY tkey")]
 

@@ -12,7 +12,12 @@ child is restarted, so a bad schedule never takes the tuner down. In the child, 
 reads gets seeded random values (the same for every candidate of a workload), every buffer it writes a seeded
 fill, and scratch buffers zeros; one run's outputs are returned for checking against the reference (the
 default schedule's outputs, tune/search.py), then the kernel is timed: warm-up, then `samples` timed calls of
-`reps` runs each (reps chosen so one call lasts ≈ SAMPLE_S), per-run median."""
+`reps` runs each (reps chosen so one call lasts ≈ SAMPLE_S), per-run median.
+
+A kernel over symbolic dims (a model compiled with dynamic shapes) is one piece of code for every size: it is run
+and timed at each size of its distribution (tune/sizes.py) — the dims array of its module set to that size, its
+outputs re-filled — and its time is the geometric mean of the per-size medians (which are its `samples`); its
+outputs are checked at every size."""
 from __future__ import annotations
 
 import os
@@ -30,6 +35,7 @@ import numpy as np
 from kiln.kernel.ir import Kernel
 from kiln.schedule.config import Config, Decisions, IllegalConfig
 from kiln.target import Target
+from kiln.tune.sizes import dims_vectors
 from kiln.tune.workload import fresh
 
 ENTRY = "kiln_tune_run"
@@ -49,6 +55,7 @@ class Built:
     detail: str = ""
     compile_s: float = 0.0
     features: list[float] | None = None
+    sizes: list[list[tuple[int, int]]] = field(default_factory=list)  # symbolic: (slot, value) per size measured
 
 
 def schedule_candidate(kernel: Kernel, target: Target, threads: int, options: dict[str, bool],
@@ -128,7 +135,8 @@ def build_candidate(kernel: Kernel, target: Target, threads: int, options: dict[
         obj = emit_object(optimize(kernel_module(k, target), target), target)
     except Exception as e:
         return Built(cfg, status="error", detail=f"codegen: {type(e).__name__}: {e}", features=features)
-    return Built(cfg, obj, buffer_roles(k), compile_s=time.perf_counter() - t0, features=features)
+    return Built(cfg, obj, buffer_roles(k), compile_s=time.perf_counter() - t0, features=features,
+                 sizes=dims_vectors(kernel))
 
 
 # -- the child process ---------------------------------------------------------------------------------------------
@@ -155,7 +163,8 @@ def make_buffers(roles: list[tuple[str, str, tuple[int, ...], str]], seed: int) 
 
 
 def run_candidate(req: dict) -> dict:
-    """In the child: load the object, run once for the outputs, then time it."""
+    """In the child: load the object; per size (one, for a kernel of constant extents) run once for the outputs,
+    then time it."""
     import ctypes
 
     from kiln.codegen.jit import LoadedObject
@@ -165,23 +174,47 @@ def run_candidate(req: dict) -> dict:
     code = LoadedObject(req["obj"], target)
     fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p)(code.address(ENTRY))
     roles = req["buffers"]
-    bufs = make_buffers(roles, req.get("seed", 0))
+    seed = req.get("seed", 0)
+    bufs = make_buffers(roles, seed)
     ptrs = (ctypes.c_void_p * len(bufs))(*[a.ctypes.data for a in bufs])
     pool, threads = pool_address(), int(req["threads"])
-    fn(ptrs, 1, threads, pool)
-    outputs = {name: bufs[i].copy().reshape(shape) for i, (name, _, shape, role) in enumerate(roles) if role == "out"}
-    for _ in range(WARMUP):
+    sizes = req.get("sizes") or [[]]
+    dims = None
+    if req.get("sizes"):
+        from kiln.codegen.exprs import DIMS_ACCESSOR, MAX_DIMS
+        address = ctypes.CFUNCTYPE(ctypes.c_void_p)(code.address(DIMS_ACCESSOR))()
+        dims = (ctypes.c_int64 * MAX_DIMS).from_address(address)
+    outputs: dict[str, np.ndarray] = {}
+    medians = []
+    for i, size in enumerate(sizes):
+        if dims is not None:
+            for slot, value in size:
+                dims[slot] = value
+            if i:  # the outputs' seeded fill again: what this size does not write is the same for every candidate
+                fresh_bufs = make_buffers(roles, seed)
+                for a, f, (_, _, _, role) in zip(bufs, fresh_bufs, roles):
+                    if role == "out":
+                        a[:] = f
         fn(ptrs, 1, threads, pool)
-    t = time.perf_counter()
-    fn(ptrs, 1, threads, pool)
-    one = time.perf_counter() - t
-    reps = int(min(MAX_REPS, max(1, req.get("sample_s", SAMPLE_S) // max(one, 1e-7))))
-    samples = []
-    for _ in range(int(req.get("samples", SAMPLES))):
+        at = f"@{i}" if dims is not None else ""
+        outputs.update({name + at: bufs[j].copy().reshape(shape)
+                        for j, (name, _, shape, role) in enumerate(roles) if role == "out"})
+        for _ in range(WARMUP):
+            fn(ptrs, 1, threads, pool)
         t = time.perf_counter()
-        fn(ptrs, reps, threads, pool)
-        samples.append((time.perf_counter() - t) / reps)
-    return {"status": "ok", "samples": samples, "outputs": outputs if req.get("want_outputs", True) else None}
+        fn(ptrs, 1, threads, pool)
+        one = time.perf_counter() - t
+        reps = int(min(MAX_REPS, max(1, req.get("sample_s", SAMPLE_S) // max(one, 1e-7))))
+        samples = []
+        for _ in range(int(req.get("samples", SAMPLES))):
+            t = time.perf_counter()
+            fn(ptrs, reps, threads, pool)
+            samples.append((time.perf_counter() - t) / reps)
+        medians.append(float(np.median(samples)))
+    if dims is None:
+        return {"status": "ok", "samples": samples, "outputs": outputs if req.get("want_outputs", True) else None}
+    return {"status": "ok", "samples": medians, "sized": True,
+            "outputs": outputs if req.get("want_outputs", True) else None}
 
 
 def _read_msg(stream: Any) -> Any:
@@ -270,7 +303,7 @@ class Measurer:
                 timeout_s: float | None = None) -> Result:
         proc = self.proc if self.proc is not None and self.proc.poll() is None else self._start()
         req = {"obj": built.obj, "buffers": built.buffers, "target": target, "threads": threads, "seed": seed,
-               "samples": self.samples, "want_outputs": want_outputs}
+               "samples": self.samples, "want_outputs": want_outputs, "sizes": built.sizes}
         limit = timeout_s or self.timeout_s
         t0 = time.perf_counter()
         try:
@@ -294,7 +327,9 @@ class Measurer:
         if reply.get("status") != "ok":
             return Result(reply.get("status", "error"), detail=reply.get("detail", ""))
         samples = reply["samples"]
-        return Result("ok", float(np.median(samples)), samples, reply.get("outputs"), wall=time.perf_counter() - t0)
+        # a symbolic kernel's samples are its per-size medians: its time is their geometric mean (tune/sizes.py)
+        seconds = float(np.exp(np.mean(np.log(samples)))) if reply.get("sized") else float(np.median(samples))
+        return Result("ok", seconds, samples, reply.get("outputs"), wall=time.perf_counter() - t0)
 
     def _wait_reply(self, proc: subprocess.Popen, limit: float) -> dict:
         """The child's reply, or crash / timeout (the child is then killed)."""

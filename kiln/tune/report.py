@@ -41,7 +41,7 @@ def _groups(db: TuningDatabase, tkey: str) -> dict[str, dict[str, tuple[list, li
     classes = {sig: klass for sig, klass, _ in db.workloads()}
     best: dict[tuple[str, str], tuple[list[float], float]] = {}
     for m in db.measurements(tkey=tkey, status="ok"):
-        if m.features is None or m.seconds is None or len(m.features) != len(FEATURES):
+        if m.features is None or m.seconds is None or len(m.features) > len(FEATURES):
             continue
         key = (m.sig, repr(sorted(m.config.items())))
         if key not in best or m.seconds < best[key][1]:
@@ -56,6 +56,7 @@ def _groups(db: TuningDatabase, tkey: str) -> dict[str, dict[str, tuple[list, li
 
 def model_quality(db: TuningDatabase, tkey: str, seed: int = 0) -> list[ClassQuality]:
     out = []
+    dynamic = db.symbolic_sigs()  # tune/sizes.py: their model is the f_MK × f_spatial split
     for klass, sigs in sorted(_groups(db, tkey).items()):
         held, unseen, analytic, n_w, n_c = [], [], [], 0, 0
         for sig, (feats, secs) in sigs.items():
@@ -70,12 +71,12 @@ def model_quality(db: TuningDatabase, tkey: str, seed: int = 0) -> list[ClassQua
             for fold in range(FOLDS):
                 test = idx[fold::FOLDS]
                 train = [i for i in idx if i not in test]
-                m = LearnedModel(seed)
+                m = LearnedModel(seed, split=sig in dynamic)
                 m.fit(others + [([feats[i] for i in train], [secs[i] for i in train])])
                 scores = m.score([feats[i] for i in test])
                 rhos.append(spearman(-np.asarray(scores), [secs[i] for i in test]))
             held.append(float(np.nanmean(rhos)))
-            m = LearnedModel(seed)
+            m = LearnedModel(seed, split=sig in dynamic)
             if m.fit(others):
                 unseen.append(spearman(-m.score(feats), secs))
             a = LearnedModel(seed)  # untrained: the analytic estimate

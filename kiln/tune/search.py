@@ -32,6 +32,7 @@ from kiln.target import Target
 from kiln.tune.cost import LearnedModel, features_of
 from kiln.tune.database import Measurement, TuningDatabase
 from kiln.tune.measure import Built, Measurer, outputs_match
+from kiln.tune.sizes import size_distribution
 from kiln.tune.space import Candidate, Space
 from kiln.tune.workload import Workload
 
@@ -116,7 +117,7 @@ class WorkloadSearch:
         self.reference: dict[str, np.ndarray] | None = None
         self.result = WorkloadResult(w.sig, w.klass)
         self.rows: list[tuple[list[float], float]] = []        # this workload's (features, seconds)
-        self.model = LearnedModel(ctx.rng.randrange(1 << 30))
+        self.model = LearnedModel(ctx.rng.randrange(1 << 30), split=bool(w.kernel and size_distribution(w.kernel)))
         self.durations: list[float] = []                       # wall seconds of each measurement
 
     # -- measuring -------------------------------------------------------------------------------------------------

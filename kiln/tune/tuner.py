@@ -75,20 +75,26 @@ class TuneReport:
 
 def kernels_of(model: onnx.ModelProto | str | bytes, target: Target, threads: int, options: dict[str, bool],
                strategy: str = "direct", input_shapes: dict[str, Sequence[int]] | None = None,
-               precision: str = "fp32") -> list:
-    """The unscheduled kernels kiln.compile would build (steps 1–3 of compiler.lower)."""
+               precision: str = "fp32", dynamic_bounds: dict[str, tuple[int, int]] | None = None) -> list:
+    """The unscheduled kernels kiln.compile would build (steps 1–3 of compiler.lower) — for a model with symbolic
+    dims, its shape-generic kernels (max layouts, run-time extents), as one compilation serves every size."""
     from kiln.frontend.onnx import import_onnx
     from kiln.graph.passes import run_graph_passes
     from kiln.graph.passes.precision import assign_precision
     from kiln.kernel.build import build_program
+    from kiln.kernel.compact import compact_trailing
+    from kiln.kernel.dynamic import DynamicDims
     from kiln.strategy import assign_strategies
 
     if strategy not in ("direct", "ukernel"):
         raise ValueError(f"kiln tune builds strategy 'direct' (which searches the microkernel too) or 'ukernel', "
                          f"not {strategy!r}")
-    graph = assign_precision(assign_strategies(import_onnx(model, input_shapes), strategy), precision)
+    graph = assign_precision(assign_strategies(import_onnx(model, input_shapes, dynamic_bounds), strategy), precision)
     graph = run_graph_passes(graph, options, target)
-    return build_program(graph, options).kernels
+    prog = build_program(graph, options, DynamicDims.of(graph))
+    if options.get("compact_rows", True):
+        compact_trailing(prog)
+    return prog.kernels
 
 
 def _bar(total: int, enabled: bool) -> Any:
@@ -103,7 +109,8 @@ def tune(model: onnx.ModelProto | str | bytes | os.PathLike, budget_s: float = 9
          strategy: str = "direct", ray_address: str | None = None, workers: str = "ray", progress: bool = True,
          seed: int = 0, retune: bool = False, input_shapes: dict[str, Sequence[int]] | None = None,
          measure_timeout_s: float = 30.0, max_trials: int | None = None, precision: str = "fp32",
-         verify: bool = True, search: str = "evolutionary", **options: bool) -> TuneReport:
+         verify: bool = True, search: str = "evolutionary",
+         dynamic_bounds: dict[str, tuple[int, int]] | None = None, **options: bool) -> TuneReport:
     """Tune a model's kernels for `target` (this machine, or a narrower x86 width of it) within `budget_s`
     seconds, recording into the tuning database `db` (default: $KILN_CACHE_DIR/tuning.db); `max_trials`: at most
     that many candidates per workload, whatever time is left (a trial budget, as MetaSchedule's). Returns a report;
@@ -111,7 +118,9 @@ def tune(model: onnx.ModelProto | str | bytes | os.PathLike, budget_s: float = 9
     `kiln.compile(model, precision="bf16")` (its anchors' vdpbf16ps / emulated tiles); a quantized (QDQ) model's
     integer anchors are tuned as they are. `search`: how each round proposes candidates, a name in
     `kiln.tune.search.POLICIES` (the others are there to be compared with the default:
-    benchmarks/search_policies.py)."""
+    benchmarks/search_policies.py). A model with symbolic dims is tuned as it compiles — once, its shape-generic
+    kernels each measured over a distribution of sizes within `dynamic_bounds` (tune/sizes.py) — unless
+    `input_shapes` pins them."""
     from kiln.frontend.onnx import load_model
     from kiln.tune.distributed import make_pool
 
@@ -128,7 +137,7 @@ def tune(model: onnx.ModelProto | str | bytes | os.PathLike, budget_s: float = 9
                                                     else os.cpu_count() or 1)
     opts = {k: bool(v) for k, v in options.items()}
     proto = load_model(model)
-    kernels = kernels_of(proto, tgt, threads, opts, strategy, input_shapes, precision)
+    kernels = kernels_of(proto, tgt, threads, opts, strategy, input_shapes, precision, dynamic_bounds)
     tkey = target_key(tgt, threads)
     database = TuningDatabase(db)
     report = TuneReport(proto.graph.name or "model", tgt.name, threads, database.path)
@@ -193,7 +202,7 @@ def tune(model: onnx.ModelProto | str | bytes | os.PathLike, budget_s: float = 9
             if verify and not report.interrupted and sys.exc_info()[0] is None:   # 5. (on a quiet machine)
                 from kiln.tune.verify import model_builder, verify_in_model
                 build = model_builder(proto, target=tgt, num_threads=threads, input_shapes=input_shapes,
-                                      strategy=strategy, precision=precision, **opts)
+                                      strategy=strategy, precision=precision, dynamic_bounds=dynamic_bounds, **opts)
                 report.in_model = verify_in_model(build, database, tkey, run, deadline=t_start + budget_s)
         except KeyboardInterrupt:
             report.interrupted = True

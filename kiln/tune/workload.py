@@ -22,6 +22,7 @@ import numpy as np
 
 from kiln.kernel.ir import Kernel, Load, Reduce, walk
 from kiln.target import Target
+from kiln.tune.sizes import flops_at, size_distribution
 
 # hints that name a node rather than describe the computation
 _NAME_HINTS = ("node", "op")
@@ -34,6 +35,9 @@ def definition(k: Kernel) -> str:
     for c in k.computes:
         hints = {h: v for h, v in sorted(c.hints.items()) if h not in _NAME_HINTS}
         lines.append(f"{c}   hints {hints!r}")
+    sizes = size_distribution(k)
+    if sizes:  # a symbolic kernel's time is its geometric mean over these (tune/sizes.py)
+        lines.append(f"sizes {sizes}")
     return "\n".join(lines)
 
 
@@ -96,7 +100,12 @@ class Workload:
 
     @property
     def flops(self) -> float:
-        return self.kernel.flops
+        """Its flops — over symbolic dims, their geometric mean over the sizes it is measured at (as its time is)."""
+        sizes = size_distribution(self.kernel)
+        if not sizes:
+            return self.kernel.flops
+        flops = [flops_at(self.kernel, s) for s in sizes]
+        return float(np.exp(np.mean(np.log(flops)))) if min(flops) > 0 else 0.0
 
     def outputs(self) -> list[str]:
         """Argument buffers the kernel writes."""

@@ -1,0 +1,191 @@
+"""Tuning a model with symbolic dims once, for every size (issue 15, DietCode's way; kiln/tune/sizes.py): each
+shape-generic kernel is measured at a distribution of sizes drawn from its bounds, its time their geometric mean,
+its outputs checked at every size; the cost model is the f_MK × f_spatial split; kiln.compile applies the records
+to the dynamic build, whose outputs match onnxruntime at every size (max|Δ| ≤ 1e-4 · max|ref|, as everywhere).
+
+Budgets are trials and kernels tiny: these tests check behaviour, never speed (benchmarks/dynamic_report.py)."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper, numpy_helper
+
+import kiln
+from conftest import assert_close, run_ort, width_runs
+from kiln import zoo
+from kiln.cli import _bounds
+from kiln.compiler import check_options, lower
+from kiln.target import resolve
+from kiln.tune.cost import FEATURES, LearnedModel, feature_dict, features_of, spearman
+from kiln.tune.database import TuningDatabase
+from kiln.tune.measure import Measurer, build_candidate, make_buffers
+from kiln.tune.sizes import iterations_at, size_distribution, symbol_points
+from kiln.tune.space import Space
+from kiln.tune.tuner import kernels_of, tune
+from kiln.tune.workload import definition, target_description, target_key, workloads_of
+
+BOUNDS = {"rows": (1, 64)}
+K, N = 64, 48
+
+
+def dynamic_gemm() -> onnx.ModelProto:
+    """y[rows, 48] = relu(x[rows, 64] @ w): one packed-weight GEMM over a run-time number of rows."""
+    w = (np.random.default_rng(2).standard_normal((K, N)) * 0.2).astype(np.float32)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["t"]), helper.make_node("Relu", ["t"], ["y"])],
+                          "dyn_gemm", [helper.make_tensor_value_info("x", T.FLOAT, ["rows", K])],
+                          [helper.make_tensor_value_info("y", T.FLOAT, ["rows", N])], [numpy_helper.from_array(w, "w")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def gemm_workload(target):  # noqa: ANN001, ANN201
+    (w,) = [w for w in workloads_of(kernels_of(dynamic_gemm(), target, 2, {}, dynamic_bounds=BOUNDS))
+            if w.klass == "matmul"]
+    return w
+
+
+def test_sizes_span_each_symbols_bounds() -> None:
+    assert symbol_points(1, 512) == [1, 5, 23, 108, 512]
+    assert symbol_points(1, 4) == [1, 2, 3, 4]
+    assert symbol_points(7, 7) == [7]
+    w = gemm_workload(resolve("host"))
+    assert size_distribution(w.kernel) == [{"rows": r} for r in (1, 3, 8, 23, 64)]
+    assert "sizes [{'rows': 1}" in definition(w.kernel)  # part of the signature: comparable measurements only
+    # two symbols: the diagonal, and one long dim with the others short
+    (attn,) = [w for w in workloads_of(kernels_of(zoo.build("gpt_decoder"), resolve("host"), 2, {},
+                                                  dynamic_bounds={"batch": (1, 4), "seq": (1, 512)}))
+               if len(size_distribution(w.kernel)) > 5][:1]
+    sizes = size_distribution(attn.kernel)
+    assert sizes[0] == {"batch": 1, "seq": 1} and {"batch": 4, "seq": 512} in sizes
+    assert {"batch": 4, "seq": 1} in sizes and {"batch": 1, "seq": 512} in sizes
+    # a kernel of constant extents has no distribution
+    static = kernels_of(dynamic_gemm(), resolve("host"), 2, {}, input_shapes={"x": [8, K]})
+    assert all(size_distribution(k) == [] for k in static)
+
+
+def test_a_symbolic_kernel_is_measured_and_checked_at_every_size(width: str) -> None:
+    """The child runs the kernel at each size of its distribution (its module's dims array set to it): each size's
+    outputs are relu(x[:m] @ w) in the first m rows — and the seeded fill beyond them (nothing written past the
+    run-time extent) —, one median per size, the time their geometric mean."""
+    t = resolve(width)
+    w = gemm_workload(t)
+    built = build_candidate(w.kernel, t, 2, {}, {})
+    assert built.status == "ok" and built.obj[:4] == b"\x7fELF"
+    sizes = [m["rows"] for m in size_distribution(w.kernel)]
+    assert [v for (_, v), in built.sizes] == sizes
+    if not width_runs(width):
+        return  # emitted for the width; this CPU cannot run it
+    with Measurer() as meas:
+        r = meas.measure(built, t, 2)
+    assert r.status == "ok" and len(r.samples) == len(sizes)
+    assert r.seconds == pytest.approx(float(np.exp(np.mean(np.log(r.samples)))))
+    bufs = dict(zip([b[0] for b in built.buffers], make_buffers(built.buffers, 0)))
+    (out_name,) = {b[0] for b in built.buffers if b[3] == "out"}
+    (x,) = [bufs[b.name].reshape(b.shape) for b in w.kernel.args if b.name != out_name and len(b.shape) == 2]
+    (panels,) = [bufs[b.name].reshape(b.shape) for b in w.kernel.args if len(b.shape) == 3]
+    from kiln.graph.passes.pack_weights import unpack
+    want = np.maximum(x @ unpack(panels, N), 0)
+    fill = bufs[out_name].reshape(64, N)
+    for i, m in enumerate(sizes):
+        got = r.outputs[f"{out_name}@{i}"]
+        np.testing.assert_allclose(got[:m], want[:m], rtol=1e-4, atol=1e-4)
+        np.testing.assert_array_equal(got[m:], fill[m:])
+
+
+def test_tune_a_symbolic_model_once_then_compile_it_with_its_records(width: str, tmp_path) -> None:
+    """`tune(dynamic_bounds=…)`: the shape-generic kernels are tuned (every measurement has one time per size);
+    a record is applied by kiln.compile to the dynamic build, which then matches onnxruntime at every size."""
+    model, path = dynamic_gemm(), str(tmp_path / "d.db")
+    t = resolve(width)
+    w = gemm_workload(t)
+    sizes = size_distribution(w.kernel)
+    if width_runs(width):
+        report = tune(model, budget_s=60, db=path, per_kernel_s=60, target=width, workers="local", progress=False,
+                      max_trials=4, verify=False, dynamic_bounds=BOUNDS)
+        (res,) = [r for r in report.results if r.klass == "matmul"]
+        assert res.trials == 4 and res.statuses.get("ok", 0) >= 2, res.statuses
+        db = TuningDatabase(path, create=False)
+        rows = [m for m in db.measurements(w.sig) if m.status == "ok"]
+        assert rows and all(len(m.samples) == len(sizes) for m in rows)
+        assert w.sig in db.symbolic_sigs()
+        db.close()
+    # a record that is not the default (a shorter register tile), written as the best: applied, and correct
+    space = Space(w.kernel, t, 2, {})
+    mr = space.knobs["0:mr"]
+    other = next(v for v in mr.domain if v != mr.default and v >= 2)
+    cfg = space.realize({**space.default, "0:mr": other}).config
+    db = TuningDatabase(str(tmp_path / "r.db"))
+    tkey = target_key(t, 2)
+    db.add_target(tkey, target_description(t, 2))
+    db.add_workload(w.sig, w.klass, definition(w.kernel), w.flops)
+    db.set_best(w.sig, tkey, cfg, 1e-3, 2e-3)
+    db.close()
+    if not width_runs(width):
+        c = lower(model, t, 2, check_options({}), tuning=TuningDatabase(str(tmp_path / "r.db"), create=False),
+                  dynamic_bounds=BOUNDS)
+        assert c.obj[:4] == b"\x7fELF" and c.tuned
+        return
+    exe = kiln.compile(model, target=width, num_threads=2, cache=False, tuning=str(tmp_path / "r.db"),
+                       dynamic_bounds=BOUNDS)
+    assert exe.meta["compilations"] == 1 and [v["config"]["0:mr"] for v in exe.meta["tuned"].values()] == [other]
+    for m in (1, 3, 17, 64):
+        feeds = {"x": np.random.default_rng(m).standard_normal((m, K)).astype(np.float32)}
+        (got,), (want,) = exe.run(feeds), run_ort(model, feeds)
+        assert got.shape == (m, N)
+        assert_close(got, want, 1e-4, f"rows={m}")
+
+
+def test_features_of_a_symbolic_kernel_follow_its_regime_dispatch() -> None:
+    """The cost model walks the kernel at each size: the run-time regime branch taken there (a 1-row tile for one
+    row, not the full tile's 14 rows of FMAs), and the lanes a partial tile wastes there, which `log_spatial` — the
+    analytic f_spatial — averages over the sizes."""
+    from kiln.schedule.config import Decisions
+    from kiln.schedule.default import schedule_kernel
+    from kiln.tune.workload import fresh
+    t = resolve("avx512")
+    w = gemm_workload(t)
+
+    def scheduled(config: dict):  # noqa: ANN202
+        k = fresh(w.kernel)
+        schedule_kernel(k, t, 2, {}, Decisions(config))
+        return k
+    k = scheduled({})
+    one = feature_dict(k, t, 2, {"rows": 1}, raw_only=True)[0]["slots"] / iterations_at(k, {"rows": 1})
+    full = feature_dict(k, t, 2, {}, raw_only=True)[0]["slots"] / iterations_at(k, {})
+    assert one < 2 * full, (one, full)  # the 1-row variant, not a 14-row tile for one row
+    # a 2-row tile over 3 rows runs two tiles (4 rows' FMAs): 4/3 of the lanes per useful row it runs at 64
+    two = scheduled({"0:mr": 2})
+    per_row = [feature_dict(two, t, 2, {"rows": m}, raw_only=True)[0]["slots"] / iterations_at(two, {"rows": m})
+               for m in (3, 64)]
+    assert per_row[0] / per_row[1] == pytest.approx(4 / 3, rel=0.1), per_row
+    spatial = FEATURES.index("log_spatial")
+    assert features_of(two, t, 2)[spatial] > 0.01
+
+
+def test_split_cost_model_learns_the_micro_kernel_and_adds_the_spatial_part() -> None:
+    """LearnedModel(split=True): trained where log time = f(micro-kernel features) + log_spatial, it ranks unseen
+    candidates of both parts; untrained, it ranks by the analytic estimate. Rows recorded before log_spatial
+    existed (one feature fewer) train it as kernels of constant extents."""
+    rng = np.random.default_rng(0)
+    spatial = FEATURES.index("log_spatial")
+
+    def group(n: int) -> tuple[list, list]:
+        f = rng.random((n, len(FEATURES)))
+        f[:, spatial] = rng.random(n) * 1.5
+        secs = np.exp(2 * f[:, 3] - f[:, 7] + f[:, spatial] + 0.05 * rng.standard_normal(n))
+        return f.tolist(), secs.tolist()
+    m = LearnedModel(split=True)
+    old = [(list(r[:-1]) for r in rng.random((10, len(FEATURES))).tolist()), list(np.exp(rng.random(10)))]
+    assert m.fit([group(40) for _ in range(4)] + [([list(x) for x in old[0]], old[1])])
+    f, secs = group(60)
+    assert spearman(-m.score(f), secs) > 0.8
+    analytic = np.asarray(f)[:, FEATURES.index("log_analytic")]
+    assert np.array_equal(LearnedModel(split=True).score(f), -analytic.astype(np.float32))
+
+
+def test_bounds_flag() -> None:
+    assert _bounds("batch=1:4,seq=1:512") == {"batch": (1, 4), "seq": (1, 512)}
+    assert _bounds(None) is None
+    with pytest.raises(ValueError, match="NAME=LO:HI"):
+        _bounds("seq=512")
