@@ -3,6 +3,8 @@ and onnxruntime running the same dynamic model. One interleaved run per model, 2
 
     python benchmarks/dynamic_report.py bert_base_dynamic gpt_decoder resnet50_dynamic --rounds 3
     python benchmarks/dynamic_report.py bert_base_dynamic --bounds batch=1:4,seq=1:512 --sizes 4x16,1x16
+    kiln tune zoo:gpt_decoder --bounds batch=1:4,seq=1:512 --db d.db && \
+        python benchmarks/dynamic_report.py gpt_decoder --bounds batch=1:4,seq=1:512 --tuning d.db
 
 For each model: the dynamic executable is compiled once (cold, compile cache off) and the number of compilations it
 took is read from exe.meta; Kiln's static executable is compiled per size (input_shapes=); onnxruntime gets the
@@ -58,11 +60,15 @@ def timed(fn, seconds: float) -> list[float]:
 
 
 def report(name: str, rounds: int, threads: int, gap: float, sizes: list[tuple[int, ...]],
-           bounds: dict[str, tuple[int, int]] | None = None) -> None:
+           bounds: dict[str, tuple[int, int]] | None = None, tuning: str | None = None) -> None:
     model = zoo.build(name)
     t = time.perf_counter()
-    dyn = kiln.compile(model, num_threads=threads, cache=False, dynamic_bounds=bounds)
+    dyn = kiln.compile(model, num_threads=threads, cache=False, dynamic_bounds=bounds, tuning="off")
     dyn_s = time.perf_counter() - t
+    tuned = None
+    if tuning:  # the same dynamic build with the records of `kiln tune --bounds` (tuned once, over sizes)
+        tuned = kiln.compile(model, num_threads=threads, cache=False, dynamic_bounds=bounds, tuning=tuning)
+        print(f"tuned dynamic build: {len(tuned.meta['tuned'])} kernels run tuned schedules ({tuning})")
     opts = ort.SessionOptions()
     opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
@@ -73,15 +79,21 @@ def report(name: str, rounds: int, threads: int, gap: float, sizes: list[tuple[i
         feeds = feeds_for(model, size)
         shapes = {k: v.shape for k, v in feeds.items()}
         t = time.perf_counter()
-        static = kiln.compile(model, num_threads=threads, cache=False, input_shapes=shapes)
+        static = kiln.compile(model, num_threads=threads, cache=False, input_shapes=shapes, tuning="off")
         static_s.append(time.perf_counter() - t)
         ref = sess.run(None, feeds)
         got = dyn.run(feeds)
         err = max(float(np.max(np.abs(r - g)) / max(float(np.max(np.abs(r))), 1e-30)) for r, g in zip(ref, got))
+        if tuned is not None:
+            got = tuned.run(feeds)
+            err = max([err] + [float(np.max(np.abs(r - g)) / max(float(np.max(np.abs(r))), 1e-30))
+                               for r, g in zip(ref, got)])
         if err > TOLERANCE:
             raise SystemExit(f"{name} {size}: Kiln dynamic differs from onnxruntime by {err:.2e} > {TOLERANCE}")
         systems = {"dynamic": lambda f=feeds: dyn.run(f), "static": lambda f=feeds, s=static: s.run(f),
                    "onnxruntime": lambda f=feeds: sess.run(None, f)}
+        if tuned is not None:
+            systems["tuned"] = lambda f=feeds: tuned.run(f)
         one = statistics.median(timed(systems["dynamic"], 0.0))
         budget = min(1.0, max(0.2, 3 * one))
         samples: dict[str, list[float]] = {k: [] for k in systems}
@@ -94,15 +106,19 @@ def report(name: str, rounds: int, threads: int, gap: float, sizes: list[tuple[i
         med = {k: 1e3 * statistics.median(v) for k, v in samples.items()}
         rows.append((size, med, err))
         print(f"  {size}: dynamic {med['dynamic']:.3f} ms, static {med['static']:.3f}, onnxruntime "
-              f"{med['onnxruntime']:.3f}  (err {err:.1e})", flush=True)
+              f"{med['onnxruntime']:.3f}" + (f", dynamic tuned {med['tuned']:.3f}" if tuned else "") +
+              f"  (err {err:.1e})", flush=True)
     print(f"\nstatic compile per size: median {statistics.median(static_s):.2f} s; dynamic once: {dyn_s:.2f} s "
           f"= {dyn_s / statistics.median(static_s):.2f}× one static compile\n")
+    extra = " Kiln dynamic tuned ms | tuned ÷ static | tuned ÷ onnxruntime |" if tuned else ""
     print("| size | Kiln dynamic ms | Kiln static ms | onnxruntime (dynamic model) ms | dynamic ÷ static | "
-          "dynamic ÷ onnxruntime | max rel err |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+          "dynamic ÷ onnxruntime |" + extra + " max rel err |")
+    print("|---|---:|---:|---:|---:|---:|" + ("---:|" * 3 if tuned else "") + "---:|")
     for size, med, err in rows:
+        more = (f" {med['tuned']:.3f} | {med['tuned'] / med['static']:.2f} | {med['tuned'] / med['onnxruntime']:.2f} |"
+                if tuned else "")
         print(f"| {'×'.join(map(str, size))} | {med['dynamic']:.3f} | {med['static']:.3f} | {med['onnxruntime']:.3f} "
-              f"| {med['dynamic'] / med['static']:.2f} | {med['dynamic'] / med['onnxruntime']:.2f} | {err:.1e} |")
+              f"| {med['dynamic'] / med['static']:.2f} | {med['dynamic'] / med['onnxruntime']:.2f} |{more} {err:.1e} |")
 
 
 def main() -> None:
@@ -114,12 +130,14 @@ def main() -> None:
     ap.add_argument("--sizes", help="override: e.g. '1x1,4x128' (batch x seq) or '1,8' (batch)")
     ap.add_argument("--bounds", help="dynamic_bounds of the dynamic build: e.g. 'batch=1:4,seq=1:512' (default: "
                     "each symbol (1, 512))")
+    ap.add_argument("--tuning", metavar="DB", help="also time the dynamic build with this tuning database's records "
+                    "(kiln tune --bounds: tuned once over sizes); the other Kiln builds run untuned")
     a = ap.parse_args()
     bounds = {k: tuple(int(x) for x in v.split(":")) for k, v in (p.split("=") for p in a.bounds.split(","))} \
         if a.bounds else None
     for name in a.models:
         sizes = SIZES[name] if not a.sizes else [tuple(int(x) for x in s.split("x")) for s in a.sizes.split(",")]
-        report(name, a.rounds, a.threads, a.gap, sizes, bounds)
+        report(name, a.rounds, a.threads, a.gap, sizes, bounds, a.tuning)
 
 
 if __name__ == "__main__":

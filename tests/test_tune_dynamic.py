@@ -30,12 +30,12 @@ BOUNDS = {"rows": (1, 64)}
 K, N = 64, 48
 
 
-def dynamic_gemm() -> onnx.ModelProto:
-    """y[rows, 48] = relu(x[rows, 64] @ w): one packed-weight GEMM over a run-time number of rows."""
-    w = (np.random.default_rng(2).standard_normal((K, N)) * 0.2).astype(np.float32)
+def dynamic_gemm(k: int = K, n: int = N) -> onnx.ModelProto:
+    """y[rows, n] = relu(x[rows, k] @ w): one packed-weight GEMM over a run-time number of rows."""
+    w = (np.random.default_rng(2).standard_normal((k, n)) * 0.2).astype(np.float32)
     g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["t"]), helper.make_node("Relu", ["t"], ["y"])],
-                          "dyn_gemm", [helper.make_tensor_value_info("x", T.FLOAT, ["rows", K])],
-                          [helper.make_tensor_value_info("y", T.FLOAT, ["rows", N])], [numpy_helper.from_array(w, "w")])
+                          "dyn_gemm", [helper.make_tensor_value_info("x", T.FLOAT, ["rows", k])],
+                          [helper.make_tensor_value_info("y", T.FLOAT, ["rows", n])], [numpy_helper.from_array(w, "w")])
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
@@ -95,7 +95,8 @@ def test_a_symbolic_kernel_is_measured_and_checked_at_every_size(width: str) -> 
 
 def test_tune_a_symbolic_model_once_then_compile_it_with_its_records(width: str, tmp_path) -> None:
     """`tune(dynamic_bounds=…)`: the shape-generic kernels are tuned (every measurement has one time per size);
-    a record is applied by kiln.compile to the dynamic build, which then matches onnxruntime at every size."""
+    a record (another full tile, the dispatch's row_pass at 8) is applied by kiln.compile to the dynamic build,
+    which then matches onnxruntime at every size."""
     model, path = dynamic_gemm(), str(tmp_path / "d.db")
     t = resolve(width)
     w = gemm_workload(t)
@@ -113,8 +114,9 @@ def test_tune_a_symbolic_model_once_then_compile_it_with_its_records(width: str,
     # a record that is not the default (a shorter register tile), written as the best: applied, and correct
     space = Space(w.kernel, t, 2, {})
     mr = space.knobs["0:mr"]
-    other = next(v for v in mr.domain if v != mr.default and v >= 2)
-    cfg = space.realize({**space.default, "0:mr": other}).config
+    other = next(v for v in mr.domain if v != mr.default and v >= 4)
+    cfg = space.realize({**space.default, "0:mr": other, "0:row_pass": 8}).config
+    assert cfg["0:row_pass"] == 8 and cfg["0:mr"] == other
     db = TuningDatabase(str(tmp_path / "r.db"))
     tkey = target_key(t, 2)
     db.add_target(tkey, target_description(t, 2))
@@ -134,6 +136,35 @@ def test_tune_a_symbolic_model_once_then_compile_it_with_its_records(width: str,
         (got,), (want,) = exe.run(feeds), run_ort(model, feeds)
         assert got.shape == (m, N)
         assert_close(got, want, 1e-4, f"rows={m}")
+
+
+def test_step_5_compares_a_symbolic_model_at_sizes_across_its_bounds(tmp_path) -> None:
+    """A record with one-row register tiles (one broadcast per FMA: as fast at one row, several times slower at
+    many) written as the best of a symbolic GEMM: step 5 compares the model at sizes across its bounds, the geometric
+    mean of the ratios is slower, the record goes back to the default, and the model compiles without it."""
+    from kiln.tune.database import Measurement
+    from kiln.tune.verify import model_builder, model_sizes, verify_in_model
+    model, bounds, t = dynamic_gemm(512, 256), {"rows": (1, 192)}, resolve("host")
+    (w,) = [w for w in workloads_of(kernels_of(model, t, 2, {}, dynamic_bounds=bounds)) if w.klass == "matmul"]
+    space = Space(w.kernel, t, 2, {})
+    path, tkey = str(tmp_path / "v.db"), target_key(t, 2)
+    db = TuningDatabase(path)
+    db.add_target(tkey, target_description(t, 2))
+    db.add_workload(w.sig, w.klass, definition(w.kernel), w.flops)
+    db.set_best(w.sig, tkey, space.realize({**space.default, "0:mr": 1}).config, 1e-3, 2e-3)
+    db.add(Measurement(w.sig, tkey, space.default, "ok", 1e-3, is_default=True))
+    build = model_builder(model, target="host", num_threads=2, dynamic_bounds=bounds)
+    assert build(path).meta["tuned"], "the one-row record should apply before step 5"
+    assert model_sizes(build("off")) == [{"rows": r} for r in (1, 6, 33, 192)]
+    res = verify_in_model(build, db, tkey, "test")
+    assert res.states.startswith("sizes rows 1: ") and res.states.count(": ") == 4, res.states
+    assert res.first_tuned_s > res.default_s * 1.01 and res.reverted == [w.sig], res.line()
+    assert db.best(w.sig, tkey).config == space.default
+    exe = build(path)
+    assert not exe.meta["tuned"]
+    feeds = {"x": np.random.default_rng(0).standard_normal((50, 512)).astype(np.float32)}
+    assert_close(exe.run(feeds)[0], run_ort(model, feeds)[0], 1e-4, "y")
+    db.close()
 
 
 def test_features_of_a_symbolic_kernel_follow_its_regime_dispatch() -> None:
@@ -161,6 +192,11 @@ def test_features_of_a_symbolic_kernel_follow_its_regime_dispatch() -> None:
     assert per_row[0] / per_row[1] == pytest.approx(4 / 3, rel=0.1), per_row
     spatial = FEATURES.index("log_spatial")
     assert features_of(two, t, 2)[spatial] > 0.01
+    # the knob `row_pass` (what a pass over the weight panels costs the dispatch): at 5 rows, two passes of the
+    # 3-row tile (6 rows' FMAs) at 1, one pass of the 8-row tile (8 rows') at 8
+    per_row = {rp: feature_dict(k := scheduled({"0:row_pass": rp}), t, 2, {"rows": 5}, raw_only=True)[0]["slots"]
+               / iterations_at(k, {"rows": 5}) / full for rp in (1, 8)}
+    assert per_row[1] == pytest.approx(6 / 5, rel=0.1) and per_row[8] == pytest.approx(8 / 5, rel=0.1), per_row
 
 
 def test_split_cost_model_learns_the_micro_kernel_and_adds_the_spatial_part() -> None:
@@ -189,3 +225,43 @@ def test_bounds_flag() -> None:
     assert _bounds(None) is None
     with pytest.raises(ValueError, match="NAME=LO:HI"):
         _bounds("seq=512")
+
+
+def batched_gemm() -> onnx.ModelProto:
+    """y[batch, seq, 48] = x[batch, seq, 64] @ w + b: row blocks (batch entries) that are not one affine axis."""
+    r = np.random.default_rng(3)
+    w, b = (r.standard_normal((K, N)) * 0.2).astype(np.float32), r.standard_normal(N).astype(np.float32)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["t"]), helper.make_node("Add", ["t", "b"], ["y"])],
+                          "batched", [helper.make_tensor_value_info("x", T.FLOAT, ["batch", "seq", K])],
+                          [helper.make_tensor_value_info("y", T.FLOAT, ["batch", "seq", N])],
+                          [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("eighths", [0, 1 << 20])
+def test_row_blocks_in_either_order_at_run_time(width: str, eighths: int, tmp_path) -> None:
+    """Over several run-time row blocks the tile loop runs the weight panels outermost while the rows of every batch
+    entry fit in L2, else the batch entries outermost (one flattened loop, its indices decoded by a run-time
+    select). The knob `panel_outer_l2` forces either (0: always batch entries; 1<<20: always panels): both match
+    onnxruntime at every size."""
+    model, bounds, t = batched_gemm(), {"batch": (1, 4), "seq": (1, 64)}, resolve(width)
+    (w,) = [w for w in workloads_of(kernels_of(model, t, 2, {}, dynamic_bounds=bounds)) if w.klass == "matmul"]
+    space = Space(w.kernel, t, 2, {})
+    assert space.knobs["0:panel_outer_l2"].default == 4
+    cfg = space.realize({**space.default, "0:panel_outer_l2": eighths}).config
+    path, tkey = str(tmp_path / "o.db"), target_key(t, 2)
+    db = TuningDatabase(path)
+    db.add_target(tkey, target_description(t, 2))
+    db.add_workload(w.sig, w.klass, definition(w.kernel), w.flops)
+    db.set_best(w.sig, tkey, cfg, 1e-3, 2e-3)
+    db.close()
+    if not width_runs(width):
+        c = lower(model, t, 2, check_options({}), tuning=TuningDatabase(path, create=False), dynamic_bounds=bounds)
+        assert c.obj[:4] == b"\x7fELF" and c.tuned
+        return
+    exe = kiln.compile(model, target=width, num_threads=2, cache=False, tuning=path, dynamic_bounds=bounds)
+    assert [v["config"]["0:panel_outer_l2"] for v in exe.meta["tuned"].values()] == [eighths]
+    for b, s in ((1, 1), (3, 17), (4, 64), (2, 5)):
+        feeds = {"x": np.random.default_rng(b * s).standard_normal((b, s, K)).astype(np.float32)}
+        (got,), (want,) = exe.run(feeds), run_ort(model, feeds)
+        assert_close(got, want, 1e-4, f"{b}x{s}")

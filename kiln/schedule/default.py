@@ -270,10 +270,17 @@ REGIME_ROWS = (1,)
 ROW_VARIANTS = (8, 4, 3)
 
 
-def tile_row_cost(M: Expr, rows: int) -> Expr:
+# what one pass of a row tile over its weight panels costs, in units of one row's FMAs (the knob `row_pass`): the
+# default, one row's worth of shared-operand loads, holds where the panel streams from L1/L2; a panel streaming
+# from L3 costs more (bert's FFN GEMM at 2 × 5 rows on Zen 5: a 5-row tile, one pass per batch entry, ran 1.5×
+# faster than the two passes of the 3-row tile this dispatch picks at row_pass 1) — the tuner measures which holds
+ROW_PASS = (1, 2, 4, 8)
+
+
+def tile_row_cost(M: Expr, rows: int, row_pass: int = 1) -> Expr:
     """Steps of a tile of `rows` rows over M run-time rows, in units of one row's FMAs: ⌈M/rows⌉ tiles, each its
-    rows' FMAs plus about one row's worth of shared-operand loads."""
-    return (M + Const(rows - 1, "int64")) // Const(rows, "int64") * Const(rows + 1, "int64")
+    rows' FMAs plus `row_pass` rows' worth for streaming the shared operand (the weight panel)."""
+    return (M + Const(rows - 1, "int64")) // Const(rows, "int64") * Const(rows + row_pass, "int64")
 
 
 def regime_tiles(k: Kernel, c: Compute, shape: TileShape, tag: str, threads: int, dec: Decisions) -> list[Stmt]:
@@ -285,18 +292,20 @@ def regime_tiles(k: Kernel, c: Compute, shape: TileShape, tag: str, threads: int
         elif cost(4) < min(cost(8), cost(MR)):            the 4-row tile
         elif cost(8) < cost(MR):                          the 8-row tile  (short prompts: less of the last tile wasted)
         else:                                             the MR-row tile (GEMM-like: prompts, batches; last clamped)
-    with cost(r) = tile_row_cost(M, r), ties to the taller tile. The 3-, 4- and 8-row tiles only for GEMMs with packed
-    weights (ROW_VARIANTS); an activation × activation product's tile loops run on the calling thread when small
-    (_small_on_caller)."""
+    with cost(r) = tile_row_cost(M, r, row_pass), ties to the taller tile (`row_pass`: a knob, ROW_PASS). The 3-,
+    4- and 8-row tiles only for GEMMs with packed weights (ROW_VARIANTS); an activation × activation product's tile
+    loops run on the calling thread when small (_small_on_caller)."""
     M = c.extents[shape.m_axis]
     nest = tile_compute(k, c, shape, tag, threads, None, dec)
     if not is_symbolic(M) or shape.flatten_rows:
         return _small_on_caller(nest, c)
-    m, taller = as_extent(M), tile_row_cost(as_extent(M), shape.mr)
-    for rows in sorted(r for r in ROW_VARIANTS if 2 <= r < shape.mr and "nr" in c.hints)[::-1]:
+    variants = sorted(r for r in ROW_VARIANTS if 2 <= r < shape.mr and "nr" in c.hints)[::-1]
+    row_pass = int(dec.knob("row_pass", 1, ROW_PASS)) if variants else 1
+    m, taller = as_extent(M), tile_row_cost(as_extent(M), shape.mr, row_pass)
+    for rows in variants:
         # (unpacked: a few rows' tiles serve short inputs, where a copy of A costs more than its rows' L1 conflicts)
         alt = tile_compute(k, c, replace(shape, mr=rows), f"{tag}m{rows}", threads, None, dec, pack_dynamic=False)
-        cost = tile_row_cost(m, rows)
+        cost = tile_row_cost(m, rows, row_pass)
         nest = [If(cmp("<", cost, taller), alt, nest)]
         taller = minimum(cost, taller)
     for rows in sorted((r for r in REGIME_ROWS if r < shape.mr), reverse=True):

@@ -55,9 +55,7 @@ def size_distribution(k: Kernel) -> list[dict[str, int]]:
     syms = kernel_symbols(k)
     if not syms:
         return []
-    points = {s.name: symbol_points(s.lo, s.hi) for s in syms}
-    n = max(len(p) for p in points.values())
-    sizes = [{s: p[round(q * (len(p) - 1) / max(1, n - 1))] for s, p in points.items()} for q in range(n)]
+    sizes = diagonal({s.name: symbol_points(s.lo, s.hi) for s in syms})
     if len(syms) > 1:
         for long in syms:
             sizes.append({s.name: (s.hi if s is long else max(1, s.lo)) for s in syms})
@@ -66,6 +64,12 @@ def size_distribution(k: Kernel) -> list[dict[str, int]]:
         if s not in out:
             out.append(s)
     return out
+
+
+def diagonal(points: dict[str, list[int]]) -> list[dict[str, int]]:
+    """Sizes with every symbol at the same quantile of its points: as many as the longest list has."""
+    n = max(len(p) for p in points.values())
+    return [{s: p[round(q * (len(p) - 1) / max(1, n - 1))] for s, p in points.items()} for q in range(n)]
 
 
 def dims_vectors(k: Kernel) -> list[list[tuple[int, int]]]:

@@ -14,7 +14,9 @@ Winograd product, 0.998× on one L3, 1.073× on two). If the tuned build is slow
 `TOLERANCE` in any state judged (or over all rounds, when none is), both run again with a per-kernel profile;
 each record whose kernel, together with the kernel after it, takes longer in the tuned build is replaced by its
 workload's default configuration (its measurements stay in the database), and the model is measured again; a model
-still slower loses the rest of its records. Either way the report says what the model measured.
+still slower loses the rest of its records. Either way the report says what the model measured. A model with
+symbolic dims, whose records were tuned once for every size (tune/sizes.py), is compared at a few sizes across its
+bounds and judged by the geometric mean of the per-size ratios (`_verify_sizes`).
 
 The tune package sits below the compiler, so it does not build models itself: `kiln.compiler` registers its
 `compile` here when it is imported (`register_model_builder`)."""
@@ -37,6 +39,8 @@ GAP_S = 0.2        # idle before each batch: one build's pool spinning down is n
 MIN_BATCHES = 3    # paired rounds (both builds in the state) a host state needs before it is judged on its own
 MAX_ROUNDS = 25    # rounds go on up to this while a state seen has fewer (compare)
 ALL = "all"        # Comparison.kernels' key for every batch, whatever its state
+VERIFY_POINTS = 4  # a model with symbolic dims is compared at this many sizes (model_sizes)
+SIZE_ROUNDS = 5    # ... in this many interleaved rounds each
 
 # builds the model with tuning = "off" or a database path → an object with run(feeds, profile=None), inputs, meta
 ModelBuilder = Callable[[str], Any]
@@ -78,10 +82,11 @@ def model_builder(model: Any, **compile_kw: Any) -> ModelBuilder:
     return lambda tuning: _builder(model, cache=False, tuning=tuning, **compile_kw)
 
 
-def feeds_for(exe: Any, seed: int = 0) -> dict[str, np.ndarray]:
-    """Seeded inputs of the model's shapes; integers 0 or 1 (valid ids for any embedding table)."""
+def feeds_for(exe: Any, seed: int = 0, sizes: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+    """Seeded inputs of the model's shapes (its symbolic dims at `sizes`); integers 0 or 1 (valid ids for any
+    embedding table)."""
     from kiln.runtime.shapes import random_feeds
-    return random_feeds(exe.inputs, np.random.default_rng(seed), int_high=2)
+    return random_feeds(exe.inputs, np.random.default_rng(seed), sizes, int_high=2)
 
 
 @dataclass
@@ -212,9 +217,8 @@ def verify_in_model(build: ModelBuilder, db: TuningDatabase, tkey: str, run: str
     except Exception as e:  # the tuner's records are kept; the report says why the model was not checked
         out.note = f"not checked: the model did not build ({type(e).__name__}: {e})"
         return out
-    if getattr(default, "dynamic", None):
-        out.note = "not checked: the model has symbolic dims (its records are kept as measured alone)"
-        return out
+    if model_sizes(default):
+        return _verify_sizes(default, build, db, tkey, run, deadline, out)
     tuned = build(db.path)
     out.applied = len(tuned.meta.get("tuned") or {})
     if not out.applied:
@@ -240,11 +244,65 @@ def verify_in_model(build: ModelBuilder, db: TuningDatabase, tkey: str, run: str
         out.default_s, out.tuned_s = c.overall["default"], c.overall["tuned"]
         out.again = c.states_text("tuned", "default") or f"all rounds: {c.ratio('tuned', 'default'):.3f}"
         if c.worst("tuned", "default")[1] > 1 + TOLERANCE:  # still slower: the model keeps none of its records
-            rest = sorted({r["sig"] for r in tuned.meta["tuned"].values()})
-            done = revert(db, rest, tkey, run)
-            out.reverted += done
-            if len(done) == len(rest):  # (a record without a measured default stays, and so does its time)
-                out.tuned_s = out.default_s
+            _revert_all(db, tuned, tkey, run, out)
     else:
         out.tuned_s = out.default_s
+    return out
+
+
+def _revert_all(db: TuningDatabase, tuned: Any, tkey: str, run: str, out: InModel) -> None:
+    rest = sorted({r["sig"] for r in tuned.meta["tuned"].values()})
+    done = revert(db, rest, tkey, run)
+    out.reverted += done
+    if len(done) == len(rest):  # (a record without a measured default stays, and so does its time)
+        out.tuned_s = out.default_s
+
+
+def model_sizes(exe: Any) -> list[dict[str, int]]:
+    """The sizes a model with symbolic dims is checked at: VERIFY_POINTS per symbol from its bounds, on the diagonal
+    (tune/sizes.py); [] for a static model."""
+    from kiln.tune.sizes import diagonal, symbol_points
+    bounds = (getattr(exe, "meta", {}).get("dynamic") or {}).get("bounds") or {}
+    return diagonal({s: symbol_points(lo, hi, VERIFY_POINTS) for s, (lo, hi) in bounds.items()}) if bounds else []
+
+
+def _verify_sizes(default: Any, build: ModelBuilder, db: TuningDatabase, tkey: str, run: str,
+                  deadline: float | None, out: InModel) -> InModel:
+    """Step 5 for a model with symbolic dims, tuned once for every size: the two builds compared at each of
+    `model_sizes` (SIZE_ROUNDS interleaved rounds each); the records must not make the geometric mean of the
+    per-size ratios slower — the objective they were tuned for. If they do, the kernels are profiled at the size
+    where the tuned build lost most and the records whose kernels were slower there go back, as for a static model."""
+    sizes = model_sizes(default)
+    tuned = build(db.path)
+    out.applied = len(tuned.meta.get("tuned") or {})
+    if not out.applied:
+        out.note = "no kernel runs a tuned schedule (every record is the default)"
+        return out
+    feeds = [feeds_for(default, sizes=s) for s in sizes]
+
+    def measure(tuned: Any) -> tuple[list[Comparison], float, str]:
+        cs = [compare({"default": default, "tuned": tuned}, f, rounds=SIZE_ROUNDS, max_rounds=SIZE_ROUNDS,
+                      deadline=deadline) for f in feeds]
+        ratios = [c.ratio("tuned", "default") for c in cs]
+        geo = float(np.exp(np.mean(np.log(ratios))))
+        out.default_s = float(np.exp(np.mean([np.log(c.seconds("default")) for c in cs])))
+        out.tuned_s = float(np.exp(np.mean([np.log(c.seconds("tuned")) for c in cs])))
+        text = ", ".join(f"{'×'.join(str(v) for v in s.values())}: {r:.3f}" for s, r in zip(sizes, ratios))
+        return cs, geo, f"sizes {'×'.join(sizes[0])} {text}; geometric mean {geo:.3f}"
+    cs, geo, out.states = measure(tuned)
+    out.first_tuned_s = out.tuned_s
+    if geo <= 1 + TOLERANCE:
+        return out
+    worst = max(range(len(cs)), key=lambda i: cs[i].ratio("tuned", "default"))
+    k = compare({"default": default, "tuned": tuned}, feeds[worst], rounds=SIZE_ROUNDS, max_rounds=SIZE_ROUNDS,
+                profile=True, deadline=deadline).kernels[ALL]
+    out.reverted = revert(db, slower_records(tuned.meta["tuned"], list(default.kernel_names), k["default"],
+                                             k["tuned"]), tkey, run)
+    tuned = build(db.path)
+    if not tuned.meta.get("tuned"):
+        out.tuned_s = out.default_s
+        return out
+    _, geo, out.again = measure(tuned)
+    if geo > 1 + TOLERANCE:
+        _revert_all(db, tuned, tkey, run, out)
     return out
