@@ -18,7 +18,7 @@ from kiln import zoo
 from kiln.cli import _bounds
 from kiln.compiler import check_options, lower
 from kiln.target import resolve
-from kiln.tune.cost import FEATURES, LearnedModel, feature_dict, features_of, spearman
+from kiln.tune.cost import FEATURES, LearnedModel, features_of, raw_sums, spearman
 from kiln.tune.database import TuningDatabase
 from kiln.tune.measure import Measurer, build_candidate, make_buffers
 from kiln.tune.sizes import iterations_at, size_distribution, symbol_points
@@ -182,19 +182,19 @@ def test_features_of_a_symbolic_kernel_follow_its_regime_dispatch() -> None:
         schedule_kernel(k, t, 2, {}, Decisions(config))
         return k
     k = scheduled({})
-    one = feature_dict(k, t, 2, {"rows": 1}, raw_only=True)[0]["slots"] / iterations_at(k, {"rows": 1})
-    full = feature_dict(k, t, 2, {}, raw_only=True)[0]["slots"] / iterations_at(k, {})
+    one = raw_sums(k, t, 2, {"rows": 1})["slots"] / iterations_at(k, {"rows": 1})
+    full = raw_sums(k, t, 2, {})["slots"] / iterations_at(k, {})
     assert one < 2 * full, (one, full)  # the 1-row variant, not a 14-row tile for one row
     # a 2-row tile over 3 rows runs two tiles (4 rows' FMAs): 4/3 of the lanes per useful row it runs at 64
     two = scheduled({"0:mr": 2})
-    per_row = [feature_dict(two, t, 2, {"rows": m}, raw_only=True)[0]["slots"] / iterations_at(two, {"rows": m})
+    per_row = [raw_sums(two, t, 2, {"rows": m})["slots"] / iterations_at(two, {"rows": m})
                for m in (3, 64)]
     assert per_row[0] / per_row[1] == pytest.approx(4 / 3, rel=0.1), per_row
     spatial = FEATURES.index("log_spatial")
     assert features_of(two, t, 2)[spatial] > 0.01
     # the knob `row_pass` (what a pass over the weight panels costs the dispatch): at 5 rows, two passes of the
     # 3-row tile (6 rows' FMAs) at 1, one pass of the 8-row tile (8 rows') at 8
-    per_row = {rp: feature_dict(k := scheduled({"0:row_pass": rp}), t, 2, {"rows": 5}, raw_only=True)[0]["slots"]
+    per_row = {rp: raw_sums(k := scheduled({"0:row_pass": rp}), t, 2, {"rows": 5})["slots"]
                / iterations_at(k, {"rows": 5}) / full for rp in (1, 8)}
     assert per_row[1] == pytest.approx(6 / 5, rel=0.1) and per_row[8] == pytest.approx(8 / 5, rel=0.1), per_row
 

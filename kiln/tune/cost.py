@@ -250,33 +250,37 @@ def features_of(k: Kernel, target: Target, threads: int) -> list[float]:
     the mean of the analytic estimate's log over those sizes."""
     from kiln.tune.sizes import iterations_at, size_distribution
 
+    feats, top = _features(k, target, threads, {})
     sizes = size_distribution(k)
-    feats, vec = feature_dict(k, target, threads)
-    if not sizes:
-        return vec
-    top = _raw_at(k, target, threads, {})
-    spatial, est = [], []
-    for size in sizes:
-        raw = _raw_at(k, target, threads, size)
-        # vector lanes executed per useful iteration against the whole tiles' (≥ 1: partial tiles and vectors,
-        # a regime variant's extra rows)
-        waste = (raw["slots"] / max(iterations_at(k, size), 1)) / max(top["slots"] / max(iterations_at(k, {}), 1),
-                                                                        1e-30)
-        spatial.append(math.log(max(waste, 1e-6)) - math.log(max(raw["balance"], 1e-6) / max(top["balance"], 1e-6)))
-        est.append(math.log(max(analytic_seconds(raw, target, threads), 1e-12)))
-    feats["log_spatial"] = float(np.mean(spatial))
-    feats["log_analytic"] = float(np.mean(est))
+    if sizes:
+        spatial, est = [], []
+        top_lanes = top["slots"] / max(iterations_at(k, {}), 1)
+        for size in sizes:
+            raw = raw_sums(k, target, threads, size)
+            # vector lanes executed per useful iteration against the whole tiles' (≥ 1: partial tiles and vectors,
+            # a regime variant's extra rows), and the parallel balance against the whole tiles'
+            waste = raw["slots"] / max(iterations_at(k, size), 1) / max(top_lanes, 1e-30)
+            spatial.append(math.log(max(waste, 1e-6)) - math.log(max(raw["balance"], 1e-6) / max(top["balance"], 1e-6)))
+            est.append(math.log(max(analytic_seconds(raw, target, threads), 1e-12)))
+        feats["log_spatial"] = float(np.mean(spatial))
+        feats["log_analytic"] = float(np.mean(est))
     return [float(feats[n]) for n in FEATURES]
 
 
-def _raw_at(k: Kernel, target: Target, threads: int, env: dict[str, int]) -> dict:
-    return feature_dict(k, target, threads, env, raw_only=True)[0]
+def feature_dict(k: Kernel, target: Target, threads: int) -> tuple[dict[str, float], list[float]]:
+    """The features of a scheduled kernel (a symbolic one's at its upper bounds, `log_spatial` 0), by name and as
+    the vector."""
+    feats, _ = _features(k, target, threads, {})
+    return feats, [float(feats[n]) for n in FEATURES]
 
 
-def feature_dict(k: Kernel, target: Target, threads: int, env: dict[str, int] | None = None,
-                 raw_only: bool = False) -> tuple[dict[str, float], list[float]]:
-    """The features of a scheduled kernel at the sizes `env` (symbol → value; default: the upper bounds), or with
-    `raw_only` the sums the analytic model reads."""
+def raw_sums(k: Kernel, target: Target, threads: int, env: dict[str, int] | None = None) -> dict:
+    """What the analytic model reads, summed over the scheduled kernel at the sizes `env` (symbol → value; a symbol
+    not in it at its upper bound): FMAs, loads, traffic per cache level, the parallel balance, vector lanes run."""
+    return _walk(k, target, threads, env)[0]
+
+
+def _walk(k: Kernel, target: Target, threads: int, env: dict[str, int] | None) -> tuple[dict, _Walker, dict]:
     w = _Walker(k, target, env)
     w.stmts(k.body, [])
     a = w.acc
@@ -290,32 +294,37 @@ def feature_dict(k: Kernel, target: Target, threads: int, env: dict[str, int] | 
     balance = (par_ext / (rounds * threads * chunk)) if par else 1.0
     hot = a.hot or (0.0, [], 0.0, 0.0, [0.0])
     _, loops, acc_regs, step_regs, ws = hot
-    inner = next((c.trip for c in reversed(loops) if c.kind in ("serial", "parallel")), 1)
-    unroll = float(np.prod([c.trip for c in loops if c.kind == "unroll"])) if loops else 1.0
-    vec = next((c.lanes for c in reversed(loops) if c.kind == "vector"), 1)
-    fma = max(a.fma_vec, 1.0)
     pressure = (acc_regs + step_regs + 2) / target.vector_registers
     raw = {"flops": a.flops, "fma_vec": a.fma_vec, "acc_regs": acc_regs, "loads": a.loads, "bcasts": a.bcasts,
            "gathers": a.gathers, "stores": a.stores, "traffic": a.traffic, "pressure": pressure,
            "balance": balance, "par_loops": float(len(par)), "slots": a.lane_slots}
-    if raw_only:
-        return raw, []
+    return raw, w, {"par_ext": par_ext, "chunks": chunks, "loops": loops, "step_regs": step_regs, "ws": ws}
+
+
+def _features(k: Kernel, target: Target, threads: int, env: dict[str, int]) -> tuple[dict[str, float], dict]:
+    raw, w, x = _walk(k, target, threads, env)
+    a, loops, ws = w.acc, x["loops"], x["ws"]
+    inner = next((c.trip for c in reversed(loops) if c.kind in ("serial", "parallel")), 1)
+    unroll = float(np.prod([c.trip for c in loops if c.kind == "unroll"])) if loops else 1.0
+    vec = next((c.lanes for c in reversed(loops) if c.kind == "vector"), 1)
+    fma = max(a.fma_vec, 1.0)
     est = analytic_seconds(raw, target, threads)
     ws4 = (list(ws) + [ws[-1]] * 4)[:4] if ws else [0.0] * 4
     feats = {
         "log_flops": _log2(a.flops), "log_fma_vec": _log2(a.fma_vec),
         "lane_use": a.lane_work / a.lane_slots if a.lane_slots else 1.0,
         "loads_per_fma": a.loads / fma, "bcast_per_fma": a.bcasts / fma, "gather_per_fma": a.gathers / fma,
-        "stores_per_fma": a.stores / fma, "acc_regs": acc_regs, "step_regs": step_regs, "pressure": pressure,
-        "spill": max(0.0, pressure - 1.0), "log_inner_trip": _log2(inner), "log_unroll": _log2(unroll),
-        "vec_ratio": vec / w.native, "log_par_ext": _log2(par_ext), "chunks": float(chunks), "balance": balance,
-        "par_loops": float(len(par)), "log_ws0": _log2(ws4[0]), "log_ws1": _log2(ws4[1]), "log_ws2": _log2(ws4[2]),
+        "stores_per_fma": a.stores / fma, "acc_regs": raw["acc_regs"], "step_regs": x["step_regs"],
+        "pressure": raw["pressure"], "spill": max(0.0, raw["pressure"] - 1.0), "log_inner_trip": _log2(inner),
+        "log_unroll": _log2(unroll), "vec_ratio": vec / w.native, "log_par_ext": _log2(x["par_ext"]),
+        "chunks": float(x["chunks"]), "balance": raw["balance"], "par_loops": raw["par_loops"],
+        "log_ws0": _log2(ws4[0]), "log_ws1": _log2(ws4[1]), "log_ws2": _log2(ws4[2]),
         "log_ws3": _log2(ws4[3]), "log_l1_bytes": _log2(a.traffic[0]), "log_l2_bytes": _log2(a.traffic[1]),
         "log_l3_bytes": _log2(a.traffic[2]), "log_dram_bytes": _log2(a.traffic[3]),
         "bytes_per_flop_l2": a.traffic[1] / max(a.flops, 1.0), "bytes_per_flop_l3": a.traffic[2] / max(a.flops, 1.0),
         "ukernel": float(a.ukernel), "log_analytic": math.log(max(est, 1e-12)), "log_spatial": 0.0,
     }
-    return feats, [float(feats[n]) for n in FEATURES]
+    return feats, raw
 
 
 def analytic_of(features: Sequence[float]) -> float:

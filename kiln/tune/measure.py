@@ -184,21 +184,19 @@ def run_candidate(req: dict) -> dict:
         from kiln.codegen.exprs import DIMS_ACCESSOR, MAX_DIMS
         address = ctypes.CFUNCTYPE(ctypes.c_void_p)(code.address(DIMS_ACCESSOR))()
         dims = (ctypes.c_int64 * MAX_DIMS).from_address(address)
+    outs = [j for j, r in enumerate(roles) if r[3] == "out"]
+    fills = {j: bufs[j].copy() for j in outs} if dims is not None else {}
     outputs: dict[str, np.ndarray] = {}
     medians = []
     for i, size in enumerate(sizes):
         if dims is not None:
             for slot, value in size:
                 dims[slot] = value
-            if i:  # the outputs' seeded fill again: what this size does not write is the same for every candidate
-                fresh_bufs = make_buffers(roles, seed)
-                for a, f, (_, _, _, role) in zip(bufs, fresh_bufs, roles):
-                    if role == "out":
-                        a[:] = f
+            for j in outs if i else ():  # the outputs' seeded fill again: what this size does not write is the
+                bufs[j][:] = fills[j]     # same for every candidate
         fn(ptrs, 1, threads, pool)
         at = f"@{i}" if dims is not None else ""
-        outputs.update({name + at: bufs[j].copy().reshape(shape)
-                        for j, (name, _, shape, role) in enumerate(roles) if role == "out"})
+        outputs.update({roles[j][0] + at: bufs[j].copy().reshape(roles[j][2]) for j in outs})
         for _ in range(WARMUP):
             fn(ptrs, 1, threads, pool)
         t = time.perf_counter()
