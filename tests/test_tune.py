@@ -681,10 +681,16 @@ def test_ctrl_c_stops_the_search_even_when_its_exception_is_lost(tmp_path, monke
                 pass
         return real(self, built, is_default)
     monkeypatch.setattr(WorkloadSearch, "_measure", measure_then_lose_a_ctrl_c)
-    report = tune(model, budget_s=60, per_kernel_s=60, db=str(tmp_path / "lost.db"), workers="local",
-                  progress=False, verify=False)
+    # Ctrl-C under Python's own handler (a test run before this one in the same worker may have left another: Ray's
+    # and JAX's imports install theirs, and a SIGINT then killed the xdist worker instead of reaching tune)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        report = tune(model, budget_s=60, per_kernel_s=60, db=str(tmp_path / "lost.db"), workers="local",
+                      progress=False, verify=False)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler   # put back
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert report.interrupted and len(measured) == 3   # (without the flag it measures on to the end of its budget)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler   # put back
     db = TuningDatabase(str(tmp_path / "lost.db"), create=False)
     assert len(db.measurements()) == 3
     db.close()

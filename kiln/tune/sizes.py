@@ -8,18 +8,20 @@ prompt would otherwise outweigh every decode step). The distribution is a functi
 symbols' bounds), so it is part of the workload's signature (tune/workload.py) and every measurement of a workload
 is comparable with every other.
 
-    each symbol: POINTS sizes spaced geometrically from its lower to its upper bound (1, 5, 23, 107, 512)
+    each symbol: POINTS sizes spaced geometrically from its lower to its upper bound (1, 3, 8, 23, 64, 181, 512:
+                 a decode step, a few tokens, short and long prompts — 5 sizes missed the 3- to 16-row steps
+                 where a shorter full tile's variants lose, and tuned gpt_decoder 1.07–1.12× slower there)
     several symbols: the sizes on the diagonal (each symbol at the same quantile of its range) and the corners
                      where one symbol is at its upper bound and the others at their lower (batch 4 × seq 1,
                      batch 1 × seq 512: one long dim, the others short)
 
-    size_distribution(kernel)  [{"batch": 1, "seq": 1}, {"batch": 2, "seq": 5}, …, {"batch": 1, "seq": 512}]
+    size_distribution(kernel)  [{"batch": 1, "seq": 1}, {"batch": 1, "seq": 3}, …, {"batch": 1, "seq": 512}]
 """
 from __future__ import annotations
 
 from kiln.kernel.ir import Kernel, Reduce, Sym, value_at, walk
 
-POINTS = 5     # sizes per symbol (the diagonal's length)
+POINTS = 7     # sizes per symbol (the diagonal's length)
 
 
 def kernel_symbols(k: Kernel) -> list[Sym]:
