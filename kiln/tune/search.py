@@ -117,7 +117,7 @@ class WorkloadSearch:
         self.reference: dict[str, np.ndarray] | None = None
         self.result = WorkloadResult(w.sig, w.klass)
         self.rows: list[tuple[list[float], float]] = []        # this workload's (features, seconds)
-        self.model = LearnedModel(ctx.rng.randrange(1 << 30), split=bool(w.kernel and size_distribution(w.kernel)))
+        self.model = LearnedModel(ctx.rng.randrange(1 << 30), split=bool(size_distribution(w.kernel)))  # DietCode
         self.durations: list[float] = []                       # wall seconds of each measurement
 
     # -- measuring -------------------------------------------------------------------------------------------------
