@@ -9,8 +9,9 @@ symbols' bounds), so it is part of the workload's signature (tune/workload.py) a
 is comparable with every other.
 
     each symbol: POINTS sizes spaced geometrically from its lower to its upper bound (1, 3, 8, 23, 64, 181, 512:
-                 a decode step, a few tokens, short and long prompts — 5 sizes missed the 3- to 16-row steps
-                 where a shorter full tile's variants lose, and tuned gpt_decoder 1.07–1.12× slower there)
+                 a decode step, a few tokens, short and long prompts — 5 sizes (1, 5, 23, 108, 512) missed the
+                 8- and 16-row steps where a shorter full tile's variants lose: tuned gpt_decoder ran 1.07–1.12×
+                 slower there)
     several symbols: the sizes on the diagonal (each symbol at the same quantile of its range) and the corners
                      where one symbol is at its upper bound and the others at their lower (batch 4 × seq 1,
                      batch 1 × seq 512: one long dim, the others short)
@@ -19,7 +20,7 @@ is comparable with every other.
 """
 from __future__ import annotations
 
-from kiln.kernel.ir import Kernel, Reduce, Sym, value_at, walk
+from kiln.kernel.ir import Expr, Kernel, Reduce, Sym, value_at, walk
 
 POINTS = 7     # sizes per symbol (the diagonal's length)
 
@@ -28,7 +29,7 @@ def kernel_symbols(k: Kernel) -> list[Sym]:
     """The symbolic dims an unscheduled kernel's computes run over or index with, by slot."""
     found: dict[str, Sym] = {}
     for c in k.computes:
-        exprs = [e for e in c.extents if not isinstance(e, int)] + [c.body] + list(c.store_index or ())
+        exprs = [e for e in c.extents if isinstance(e, Expr)] + [c.body] + list(c.store_index or ())
         for e in exprs:
             for x in walk(e):
                 if isinstance(x, Sym):
