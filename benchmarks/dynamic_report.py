@@ -23,6 +23,7 @@ import onnxruntime as ort
 
 import kiln
 from kiln import zoo
+from kiln.cli import parse_bounds
 
 SIZES = {  # (batch, seq) or (batch,) per model, as the issue asks
     "bert_base_dynamic": [(b, s) for b in (1, 4) for s in (1, 3, 16, 77, 128, 200, 384, 512)],
@@ -45,6 +46,11 @@ def feeds_for(model, size: tuple[int, ...], seed: int = 0) -> dict[str, np.ndarr
         else:
             out[v.name] = rng.standard_normal(shape).astype(np.float32)
     return out
+
+
+def rel_err(ref: np.ndarray, got: np.ndarray) -> float:
+    """max|got − ref| ÷ max|ref|."""
+    return float(np.max(np.abs(ref - got)) / max(float(np.max(np.abs(ref))), 1e-30))
 
 
 def timed(fn, seconds: float) -> list[float]:
@@ -82,12 +88,8 @@ def report(name: str, rounds: int, threads: int, gap: float, sizes: list[tuple[i
         static = kiln.compile(model, num_threads=threads, cache=False, input_shapes=shapes, tuning="off")
         static_s.append(time.perf_counter() - t)
         ref = sess.run(None, feeds)
-        got = dyn.run(feeds)
-        err = max(float(np.max(np.abs(r - g)) / max(float(np.max(np.abs(r))), 1e-30)) for r, g in zip(ref, got))
-        if tuned is not None:
-            got = tuned.run(feeds)
-            err = max([err] + [float(np.max(np.abs(r - g)) / max(float(np.max(np.abs(r))), 1e-30))
-                               for r, g in zip(ref, got)])
+        err = max(rel_err(r, g) for exe in ([dyn] if tuned is None else [dyn, tuned])
+                  for r, g in zip(ref, exe.run(feeds)))
         if err > TOLERANCE:
             raise SystemExit(f"{name} {size}: Kiln dynamic differs from onnxruntime by {err:.2e} > {TOLERANCE}")
         systems = {"dynamic": lambda f=feeds: dyn.run(f), "static": lambda f=feeds, s=static: s.run(f),
@@ -133,8 +135,7 @@ def main() -> None:
     ap.add_argument("--tuning", metavar="DB", help="also time the dynamic build with this tuning database's records "
                     "(kiln tune --bounds: tuned once over sizes); the other Kiln builds run untuned")
     a = ap.parse_args()
-    bounds = {k: tuple(int(x) for x in v.split(":")) for k, v in (p.split("=") for p in a.bounds.split(","))} \
-        if a.bounds else None
+    bounds = parse_bounds(a.bounds)
     for name in a.models:
         sizes = SIZES[name] if not a.sizes else [tuple(int(x) for x in s.split("x")) for s in a.sizes.split(",")]
         report(name, a.rounds, a.threads, a.gap, sizes, bounds, a.tuning)

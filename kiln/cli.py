@@ -64,7 +64,7 @@ def _dim_values(exe, dims: str | None) -> dict[str, int]:  # noqa: ANN001
     return values
 
 
-def _bounds(text: str | None) -> dict[str, tuple[int, int]] | None:
+def parse_bounds(text: str | None) -> dict[str, tuple[int, int]] | None:
     """`--bounds batch=1:4,seq=1:512` → {"batch": (1, 4), "seq": (1, 512)} (a symbolic model's dynamic_bounds)."""
     if not text:
         return None
@@ -98,7 +98,7 @@ def _options(args: argparse.Namespace) -> dict:
     if getattr(args, "precision", "fp32") != "fp32":
         opts["precision"] = args.precision
     if getattr(args, "bounds", None):
-        opts["dynamic_bounds"] = _bounds(args.bounds)
+        opts["dynamic_bounds"] = parse_bounds(args.bounds)
     return opts
 
 
@@ -239,7 +239,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
                       target=args.target or "host", num_threads=args.threads, strategy=args.strategy or "direct",
                       ray_address=args.ray_address, workers=args.workers, progress=not args.quiet, seed=args.seed,
                       retune=args.retune, max_trials=args.max_trials, precision=args.precision,
-                      verify=not args.no_verify, search=args.search, dynamic_bounds=_bounds(args.bounds), **opts)
+                      verify=not args.no_verify, search=args.search, dynamic_bounds=parse_bounds(args.bounds),
+                      **opts)
     except KeyboardInterrupt:  # Ctrl-C during tune()'s own clean-up (closing the pools): every row is committed
         print("kiln tune: interrupted; the measurements made so far are in the database", file=sys.stderr)
         return 130

@@ -15,7 +15,7 @@ from onnx import helper, numpy_helper
 import kiln
 from conftest import assert_close, run_ort, width_runs
 from kiln import zoo
-from kiln.cli import _bounds
+from kiln.cli import parse_bounds
 from kiln.compiler import check_options, lower
 from kiln.target import resolve
 from kiln.tune.cost import FEATURES, LearnedModel, features_of, raw_sums, spearman
@@ -222,10 +222,10 @@ def test_split_cost_model_learns_the_micro_kernel_and_adds_the_spatial_part() ->
 
 
 def test_bounds_flag() -> None:
-    assert _bounds("batch=1:4,seq=1:512") == {"batch": (1, 4), "seq": (1, 512)}
-    assert _bounds(None) is None
+    assert parse_bounds("batch=1:4,seq=1:512") == {"batch": (1, 4), "seq": (1, 512)}
+    assert parse_bounds(None) is None
     with pytest.raises(ValueError, match="NAME=LO:HI"):
-        _bounds("seq=512")
+        parse_bounds("seq=512")
 
 
 def batched_gemm() -> onnx.ModelProto:

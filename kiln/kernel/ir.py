@@ -403,36 +403,36 @@ _INT_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: 
 def hint(e: Expr | int) -> int:
     """An extent's value for schedule decisions: itself when constant, its value at the upper bounds when it holds
     symbolic dims (`Sym`) — tiles, vector widths and parallel splits are planned for the largest size."""
-    if isinstance(e, (int, np.integer)):
-        return int(e)
-    if isinstance(e, Const):
-        return int(e.value)
-    if isinstance(e, Sym):
-        return e.hi
-    if isinstance(e, Bin) and e.op in _INT_OPS:
-        return int(_INT_OPS[e.op](hint(e.a), hint(e.b)))
-    raise ValueError(f"extent {e!r} is not an integer expression of constants and symbolic dims")
+    v = _evaluate(e, {}, _INT_OPS)
+    if v is None:
+        raise ValueError(f"extent {e!r} is not an integer expression of constants and symbolic dims")
+    return v
 
 
 _CMP_OPS = {"<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b,
             "==": lambda a, b: a == b, "!=": lambda a, b: a != b, "and": lambda a, b: a and b,
             "or": lambda a, b: a or b}
+_VALUE_OPS = {**_INT_OPS, **_CMP_OPS}
 
 
 def value_at(e: Expr | int, env: dict[str, int]) -> int | None:
     """An integer expression of constants and symbolic dims at the sizes `env` (symbol → value; a symbol not in it
     at its upper bound), comparisons as 0/1; None where it holds anything else (a loop variable, a load)."""
+    return _evaluate(e, env, _VALUE_OPS)
+
+
+def _evaluate(e: Expr | int, env: dict[str, int], ops: dict) -> int | None:
     if isinstance(e, (int, np.integer)):
         return int(e)
     if isinstance(e, Const):
         return int(e.value) if isinstance(e.value, (int, bool, np.integer)) else None
     if isinstance(e, Sym):
         return int(env.get(e.name, e.hi))
-    if isinstance(e, Bin) and (e.op in _INT_OPS or e.op in _CMP_OPS):
-        a, b = value_at(e.a, env), value_at(e.b, env)
+    if isinstance(e, Bin) and e.op in ops:
+        a, b = _evaluate(e.a, env, ops), _evaluate(e.b, env, ops)
         if a is None or b is None or (e.op in ("//", "%") and b == 0):
             return None
-        return int((_INT_OPS.get(e.op) or _CMP_OPS[e.op])(a, b))
+        return int(ops[e.op](a, b))
     return None
 
 
