@@ -96,7 +96,7 @@ def test_a_symbolic_kernel_is_measured_and_checked_at_every_size(width: str) -> 
 
 def test_tune_a_symbolic_model_once_then_compile_it_with_its_records(width: str, tmp_path) -> None:
     """`tune(dynamic_bounds=…)`: the shape-generic kernels are tuned (every measurement has one time per size);
-    a record (another full tile, the dispatch's row_pass at 8) is applied by kiln.compile to the dynamic build,
+    a record (another full tile) is applied by kiln.compile to the dynamic build,
     which then matches onnxruntime at every size."""
     model, path = dynamic_gemm(), str(tmp_path / "d.db")
     t = resolve(width)
@@ -116,8 +116,8 @@ def test_tune_a_symbolic_model_once_then_compile_it_with_its_records(width: str,
     space = Space(w.kernel, t, 2, {})
     mr = space.knobs["0:mr"]
     other = next(v for v in mr.domain if v != mr.default and v >= 4)
-    cfg = space.realize({**space.default, "0:mr": other, "0:row_pass": 8}).config
-    assert cfg["0:row_pass"] == 8 and cfg["0:mr"] == other
+    cfg = space.realize({**space.default, "0:mr": other}).config
+    assert cfg["0:mr"] == other
     db = TuningDatabase(str(tmp_path / "r.db"))
     tkey = target_key(t, 2)
     db.add_target(tkey, target_description(t, 2))
@@ -169,9 +169,9 @@ def test_step_5_compares_a_symbolic_model_at_sizes_across_its_bounds(tmp_path) -
 
 
 def test_features_of_a_symbolic_kernel_follow_its_regime_dispatch() -> None:
-    """The cost model walks the kernel at each size: the run-time regime branch taken there (a 1-row tile for one
-    row, not the full tile's 14 rows of FMAs), and the lanes a partial tile wastes there, which `log_spatial` — the
-    analytic f_spatial — averages over the sizes."""
+    """The cost model walks the kernel at each size: the run-time branches taken there (a 1-row tail tile for one
+    row, not the full tile's 8 rows of FMAs; a tail weighed by its share of the row blocks), and the lanes a partial
+    tile wastes there, which `log_spatial` — the analytic f_spatial — averages over the sizes."""
     from kiln.schedule.config import Decisions
     from kiln.schedule.default import schedule_kernel
     from kiln.tune.workload import fresh
@@ -185,19 +185,16 @@ def test_features_of_a_symbolic_kernel_follow_its_regime_dispatch() -> None:
     k = scheduled({})
     one = raw_sums(k, t, 2, {"rows": 1})["slots"] / iterations_at(k, {"rows": 1})
     full = raw_sums(k, t, 2, {})["slots"] / iterations_at(k, {})
-    assert one < 2 * full, (one, full)  # the 1-row variant, not a 14-row tile for one row
-    # a 2-row tile over 3 rows runs two tiles (4 rows' FMAs): 4/3 of the lanes per useful row it runs at 64
-    two = scheduled({"0:mr": 2})
-    per_row = [raw_sums(two, t, 2, {"rows": m})["slots"] / iterations_at(two, {"rows": m})
-               for m in (3, 64)]
-    assert per_row[0] / per_row[1] == pytest.approx(4 / 3, rel=0.1), per_row
+    assert one < 2 * full, (one, full)  # the 1-row tail tile, not the 8-row tile for one row
+    # the last row block on its tail tile, weighed by its share of the row blocks: 6-row tiles (tails of 4, 3 and 1
+    # rows) waste no row at 64 rows (10 whole tiles and the 4-row tail), 1 of 3 at 2 rows (the 3-row tail), and 1 of
+    # 6 at 5 rows (the 6-row tile clamped)
+    six = scheduled({"0:mr": 6})
+    per_row = {m: raw_sums(six, t, 2, {"rows": m})["slots"] / iterations_at(six, {"rows": m}) for m in (2, 5, 64)}
+    assert per_row[2] / per_row[64] == pytest.approx(3 / 2, rel=0.1), per_row
+    assert per_row[5] / per_row[64] == pytest.approx(6 / 5, rel=0.1), per_row
     spatial = FEATURES.index("log_spatial")
-    assert features_of(scheduled({"0:mr": 3}), t, 2)[spatial] > 0.01  # 2, 4, 8, 16 rows on 3-row tiles waste some
-    # the knob `row_pass` (what a pass over the weight panels costs the dispatch): at 5 rows, two passes of the
-    # 3-row tile (6 rows' FMAs) at 1, one pass of the 8-row tile (8 rows') at 8
-    per_row = {rp: raw_sums(k := scheduled({"0:row_pass": rp}), t, 2, {"rows": 5})["slots"]
-               / iterations_at(k, {"rows": 5}) / full for rp in (1, 8)}
-    assert per_row[1] == pytest.approx(6 / 5, rel=0.1) and per_row[8] == pytest.approx(8 / 5, rel=0.1), per_row
+    assert features_of(scheduled({"0:mr": 3}), t, 2)[spatial] > 0.01  # 2 of 8, 23, 64 … rows on 3-row tiles waste
 
 
 def test_split_cost_model_learns_the_micro_kernel_and_adds_the_spatial_part() -> None:

@@ -528,6 +528,9 @@ class If:
     cond: Expr
     body: list[Stmt]
     orelse: list[Stmt] = field(default_factory=list)
+    # where `cond` reads loop variables (a tail tile: schedule/tile.py): (iterations taking `orelse`, iterations
+    # reaching the If), integer expressions of the symbolic dims — the cost model weighs the two sides by it
+    share: tuple[Expr, Expr] | None = None
 
 
 @dataclass

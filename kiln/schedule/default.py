@@ -27,7 +27,6 @@ from kiln.kernel.ir import (
     cmp,
     hint,
     is_symbolic,
-    minimum,
     walk,
 )
 from kiln.schedule.amx import schedule_amx
@@ -257,61 +256,42 @@ SYMBOLIC_CHUNK = 2048
 
 # rows of the register tiles a symbolic M dispatches between at run time, beside the full tile: one row (a decode
 # step: a matrix-vector product, one output row per weight panel pass). A few rows (2 … MR−1) run the full tile with
-# its clamped edge: those products are bound by streaming the weights, and each variant costs compile time
+# its clamped edge: those products are bound by streaming the weights, and each variant costs compile time.
+# For an activation × activation product (attention's): a GEMM with packed weights has TAIL_ROWS instead
 REGIME_ROWS = (1,)
-# ... and tiles of these many rows (those below the full tile's): every row tile of a run-time M is a full tile's
-# work, so M = 16 rows on AVX-512's 14-row tile computed 28 (BERT at 16 tokens: 1.7× the static build, which picks
-# 8 rows), and 3 rows on an 8-row one 8 (a decoder's 3-token prompt: 1.8×). The one computing fewest row-steps runs.
-# 3 rows beside 4: a 3-token step on the 4-row tile ran 1.25–1.33× the static build (gpt_decoder 1×3 and 4×3, Zen 4),
-# on its own 3-row tile 1.04–1.07×, for 9% more LLVM time. (A 2-row tile instead of the 1-row one: 1×2 1.33 → 1.11×,
-# but a 4-batch 1-token step 1.07× slower; a 3-row tile instead of the 4-row one: 4 tokens 1.6×.)
-# Only for GEMMs with packed weights: an activation × activation product (attention's) runs its full and 1-row tiles
-# alone — gpt_decoder at 1×3 … 1×77 measured the same without its variants, for 10% less LLVM time.
-ROW_VARIANTS = (8, 4, 3)
-
-
-# what one pass of a row tile over its weight panels costs, in units of one row's FMAs (the knob `row_pass`): the
-# default, one row's worth of shared-operand loads, holds where the panel streams from L1/L2; a panel streaming
-# from L3 costs more (bert's FFN GEMM at 2 × 5 rows on Zen 5: a 5-row tile, one pass per batch entry, ran 1.5×
-# faster than the two passes of the 3-row tile this dispatch picks at row_pass 1) — the tuner measures which holds
-ROW_PASS = (1, 2, 4, 8)
-
-
-def tile_row_cost(M: Expr, rows: int, row_pass: int = 1) -> Expr:
-    """Steps of a tile of `rows` rows over M run-time rows, in units of one row's FMAs: ⌈M/rows⌉ tiles, each its
-    rows' FMAs plus `row_pass` rows' worth for streaming the shared operand (the weight panel)."""
-    return (M + Const(rows - 1, "int64")) // Const(rows, "int64") * Const(rows + row_pass, "int64")
+# the tail tiles of a GEMM with packed weights over run-time rows: the last, partial row block runs on the smallest
+# of these (below the full tile's rows) that covers it, so at most a few rows of FMAs are wasted at any M (77 rows
+# on 8-row tiles: 9 full tiles and a 5-row rest on the full tile clamped, 80 rows; 16: two full tiles; 9: one and a
+# 1-row tail). Before, the whole M ran on one of 14, 8, 4, 3 or 1 rows picked by a row-steps cost (77 rows: 84 on
+# 14-row tiles): the tails measured 0.95–0.96× that at 77, 200 and 4 × 77 tokens of gpt_decoder and bert_base, 0.98×
+# at 4 × 512, equal at 1–16 tokens (Zen 5, one interleaved A/B run), and with one nest instead of five the model's
+# LLVM time 1.06 → 0.77 CPU-s. A 2-row tail instead of the 3-row one is not worth its compile time (one row wasted)
+TAIL_ROWS = (8, 4, 3, 1)
 
 
 def regime_tiles(k: Kernel, c: Compute, shape: TileShape, tag: str, threads: int, dec: Decisions) -> list[Stmt]:
-    """The register tile of a compute with run-time extents — and, when its rows M are a symbolic dim, one variant
-    per regime, picked at run time by M (DietCode's shape-generic micro-kernels, here by hand from the registers):
+    """The register tile of a compute with run-time extents; when its rows M are a symbolic dim, edges picked at
+    run time by M (DietCode's shape-generic micro-kernels, here by hand from the registers):
 
-        if M ≤ 1:                                         the 1-row tile  (GEMV-like: a 1-token decode step)
-        elif cost(3) < min(cost(4), cost(8), cost(MR)):   the 3-row tile  (a few rows)
-        elif cost(4) < min(cost(8), cost(MR)):            the 4-row tile
-        elif cost(8) < cost(MR):                          the 8-row tile  (short prompts: less of the last tile wasted)
-        else:                                             the MR-row tile (GEMM-like: prompts, batches; last clamped)
-    with cost(r) = tile_row_cost(M, r, row_pass), ties to the taller tile (`row_pass`: a knob, ROW_PASS). The 3-,
-    4- and 8-row tiles only for GEMMs with packed weights (ROW_VARIANTS); an activation × activation product's tile
-    loops run on the calling thread when small (_small_on_caller)."""
+      GEMM with packed weights: one nest of full MR-row tiles; its last row block on a tail tile of TAIL_ROWS rows
+        for mo < ⌈M/MR⌉:  left = M − mo·MR
+          if left ≤ 1: 1-row tile   elif left ≤ 3: 3-row   elif left ≤ 4: 4-row   (… 8-row if MR > 8)
+          else: the MR-row tile, rows past M clamped (read row M − 1, not stored)
+      activation × activation product (attention's):
+        if M ≤ 1: the 1-row nest (REGIME_ROWS)   else: the MR-row nest, its last tile clamped
+    The packed GEMM's A rows are read in place (no run-time packing: with 8-row tiles the copy measured slower than
+    the rows' L1 conflicts it saves, gpt_decoder's K = 1024 down-projection 1.06× at 4 × 128); an activation ×
+    activation product's tile loops run on the calling thread when small (_small_on_caller)."""
     M = c.extents[shape.m_axis]
+    if is_symbolic(M) and not shape.flatten_rows and "nr" in c.hints:
+        tails = tuple(r for r in TAIL_ROWS if r < shape.mr)
+        return tile_compute(k, c, shape, tag, threads, None, dec, tails=tails)
     nest = tile_compute(k, c, shape, tag, threads, None, dec)
     if not is_symbolic(M) or shape.flatten_rows:
         return _small_on_caller(nest, c)
-    variants = sorted(r for r in ROW_VARIANTS if 2 <= r < shape.mr and "nr" in c.hints)[::-1]
-    row_pass = int(dec.knob("row_pass", 1, ROW_PASS)) if variants else 1
-    m, taller = as_extent(M), tile_row_cost(as_extent(M), shape.mr, row_pass)
-    for rows in variants:
-        # (unpacked: a few rows' tiles serve short inputs, where a copy of A costs more than its rows' L1 conflicts)
-        alt = tile_compute(k, c, replace(shape, mr=rows), f"{tag}m{rows}", threads, None, dec, pack_dynamic=False)
-        cost = tile_row_cost(m, rows, row_pass)
-        nest = [If(cmp("<", cost, taller), alt, nest)]
-        taller = minimum(cost, taller)
     for rows in sorted((r for r in REGIME_ROWS if r < shape.mr), reverse=True):
-        small = tile_compute(k, c, replace(shape, mr=rows), f"{tag}r{rows}", threads, None, dec, pack_dynamic=False)
-        limit = rows if rows == 1 else shape.mr - 1
-        nest = [If(cmp("<=", M, Const(limit, "int64")), small, nest)]
+        small = tile_compute(k, c, replace(shape, mr=rows), f"{tag}r{rows}", threads, None, dec)
+        nest = [If(cmp("<=", M, Const(rows, "int64")), small, nest)]
     return _small_on_caller(nest, c)
 
 

@@ -1,12 +1,11 @@
 """Packing a tile's broadcast operand A[m, r] into Ap[m / MR, r, m % MR]: each reduction step of an MR-row tile then
 reads MR contiguous floats, not MR rows K floats apart — which, with K a multiple of 1024, all map to one L1 set and
-evict each other. `pack_rows` for constant extents (the knob `pack`), `pack_rows_dynamic` for a run-time M (and
-batch): the copy sized by the dims' upper bounds, its loop over the run-time row tiles."""
+evict each other. `pack_rows` for constant extents (the knob `pack`). A run-time M reads A in place: its 8-row tiles
+with tails (schedule/default.py: regime_tiles) measured faster without the copy (gpt_decoder's K = 1024
+down-projection at 4 × 128 tokens: 1.06× with it)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
-
-import numpy as np
 
 from kiln.kernel.ir import (
     Buffer,
@@ -20,8 +19,6 @@ from kiln.kernel.ir import (
     Stmt,
     Store,
     Var,
-    as_extent,
-    hint,
     is_symbolic,
     minimum,
     uses_var,
@@ -96,43 +93,3 @@ def pack_rows(k: Kernel, c: Compute, red: Reduce, t: TileShape, mo: Var, mi: Var
     store = Store(buf.name, (p0, p1, p2), Load(a.buf, src, a.dtype))
     copy = copy_loop(p0, Const(buf.shape[0], "int64"), p1, Const(K, "int64"), p2, t.mr, store, t.lanes, parallel)
     return [copy], {a: Load(buf.name, (mo, r, mi), a.dtype)}
-
-
-def pack_rows_dynamic(k: Kernel, c: Compute, red: Reduce, t: TileShape, mo: Var, mi: Var, tag: str,
-                      parallel: bool) -> tuple[list[Stmt], dict[Expr, Expr]] | None:
-    """`pack_rows` for a run-time M: A[b…, m, r] (b… the compute's other axes, run-time batch dims among them)
-    packed into Ap[b…, m / MR, r, m % MR], laid out for the dims' upper bounds (the arena's max layout), rows past
-    M repeating row M − 1; the copy a parallel loop over (b…, the run-time row tiles) before the tile's loop.
-    Only where the MR rows would crowd one L1 set (`rows_alias`): gpt_decoder's K = 1024 down-projection ran
-    1.3× its static build, which packs. The returned mapping swaps A's load for Ap's."""
-    m_v, n_v = c.axes[t.m_axis], c.axes[t.n_axis]
-    M = c.extents[t.m_axis]
-    a = row_operand(red, m_v, n_v)
-    # a run-time K (attention's probabilities × values, K = seq): the copy of A measured slower than its rows'
-    # conflicts (gpt_decoder at 200 tokens: 1.34× the static build packed, 1.08× not)
-    if a is None or is_symbolic(red.axes[0][1]) or not is_symbolic(M):
-        return None
-    r, K = red.axes[0]
-    # the rows' distance is A's row pitch in its (max) layout, which need not be K
-    pitch = k.buffer(a.buf).shape[-1]
-    if hint(K) < 64 or not rows_alias(pitch * np.dtype(a.dtype).itemsize, t.mr):
-        return None
-    others = {v: e for i, (v, e) in enumerate(zip(c.axes, c.extents)) if i not in (t.m_axis, t.n_axis)}
-    batch = [i for i in a.index[:-2] if i in others]  # A's other axes: each one of the compute's, or a constant
-    if any(i not in others and not isinstance(i, Const) for i in a.index[:-2]) or len(set(batch)) != len(others):
-        return None
-    tiles = (as_extent(M) + Const(t.mr - 1, "int64")) // Const(t.mr, "int64")
-    buf = Buffer(f"{a.buf}p{tag}", a.dtype,
-                 tuple(hint(others[v]) for v in batch) + (-(-hint(M) // t.mr), hint(K), t.mr))
-    k.scratch.append(buf)
-    p, q1, q2 = Var(f"q0{tag}"), Var(f"q1{tag}"), Var(f"q2{tag}")
-    decoded: dict[Expr, Expr] = {}
-    stride: Expr | None = None
-    for v, e in reversed(list(zip(batch + [mo], [others[v] for v in batch] + [tiles]))):
-        decoded[v] = (p if stride is None else p // stride) % e
-        stride = as_extent(e) if stride is None else stride * e
-    row = minimum(decoded[mo] * t.mr + q2, as_extent(M) - 1)
-    src = tuple(decoded.get(i, i) for i in a.index[:-2]) + (row, q1)
-    store = Store(buf.name, tuple(decoded[v] for v in batch) + (decoded[mo], q1, q2), Load(a.buf, src, a.dtype))
-    copy = copy_loop(p, as_extent(stride), q1, as_extent(K), q2, t.mr, store, t.lanes, parallel)
-    return [copy], {a: Load(buf.name, tuple(batch) + (mo, r, mi), a.dtype)}

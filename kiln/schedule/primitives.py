@@ -75,7 +75,7 @@ def rename(stmts: list[Stmt], mapping: dict[Expr, Expr]) -> list[Stmt]:
             out.append(Assign(s.name, substitute(s.value, mapping),
                               None if s.slot is None else substitute(s.slot, mapping)))
         elif isinstance(s, If):
-            out.append(If(substitute(s.cond, mapping), rename(s.body, mapping), rename(s.orelse, mapping)))
+            out.append(If(substitute(s.cond, mapping), rename(s.body, mapping), rename(s.orelse, mapping), s.share))
         elif isinstance(s, Call):
             out.append(Call(s.fn, tuple(substitute(a, mapping) for a in s.args)))
         elif isinstance(s, Prefetch):

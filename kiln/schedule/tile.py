@@ -57,7 +57,7 @@ from kiln.kernel.ir import (
 from kiln.schedule.config import Decisions, divisors, powers_of_two
 from kiln.schedule.dot_edge import dot_edge, dot_edge_operands
 from kiln.schedule.guards import split_interior
-from kiln.schedule.pack import pack_rows, pack_rows_dynamic
+from kiln.schedule.pack import pack_rows
 from kiln.schedule.prefetch import DISTANCES as PREFETCH_DISTANCES
 from kiln.schedule.prefetch import prefetch_ahead, prefetch_knob, prefetch_panel, streamed_loads
 from kiln.schedule.primitives import combine
@@ -142,6 +142,13 @@ def _choose_tile(k: Kernel, c: Compute, target: Target, dec: Decisions) -> TileS
                      dot_edge=not target.scalable)
 
 
+# the full tile's rows over run-time rows, where the registers allow more: 8 rows × nvec vectors are 8·nvec
+# independent FMA chains and 8 + nvec loads per 8·nvec FMAs, enough to keep two FMA units busy; 14 rows (AVX-512's
+# most) ran 2–4% slower per row than 8 at 77–512 tokens of gpt_decoder on Zen 5, where the 14-row tile also wastes
+# up to 5 clamped rows per row block. The knob `mr` keeps its whole domain: the tuner measures the others
+RUN_TIME_MR = 8
+
+
 def mr_domain(m: int, regs: int, nvec: int) -> range:
     """Legal tile rows: at least one, at most the extent, 16, and what leaves one register beside the MR·nvec
     accumulators and the nvec shared vectors (more spills on every step)."""
@@ -185,8 +192,10 @@ def _packed_tile(c: Compute, red: Reduce, target: Target, dec: Decisions) -> Til
         # with the taps shared
         most = (regs - nvec - 2) // nvec
     most = max(1, most)
-    mr = pick_mr(hint(c.extents[m_axis]), most)
     rows = hint(c.extents[m_axis])
+    # run-time rows (a symbolic M) end in a tail tile of fewer rows (schedule/default.py, TAIL_ROWS): no tile height
+    # divides every M, and the shorter full tile wastes fewer rows where M % MR exceeds the tails
+    mr = min(most, RUN_TIME_MR) if is_symbolic(c.extents[m_axis]) else pick_mr(rows, most)
     # an output row too short for the tile the registers allow (AVX2's 6 rows on 14-, 28- or 56-pixel rows
     # leave edge tiles, so pick_mr takes 4): let tiles run on over row ends instead (flatten_rows)
     # (not a depthwise tile: its interior tiles, which need a row's affine addresses, run without padding masks)
@@ -288,7 +297,7 @@ def flatten_rows(c: Compute) -> Compute:
 
 def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
                  schedule_plain: Callable[[Compute, str], list[Stmt]] | None = None,
-                 dec: Decisions | None = None, pack_dynamic: bool = True) -> list[Stmt]:
+                 dec: Decisions | None = None, tails: tuple[int, ...] = ()) -> list[Stmt]:
     dec = dec if dec is not None else Decisions()
     if t.flatten_rows:
         c = flatten_rows(c)
@@ -300,11 +309,9 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
     mo, no, mi, ni = Var(f"{m_v.name}o"), Var(f"{n_v.name}o"), Var(f"{m_v.name}i"), Var(f"{n_v.name}i")
     others = [(v, e) for i, (v, e) in enumerate(zip(c.axes, c.extents)) if i not in (t.m_axis, t.n_axis)]
     dynamic = is_symbolic(M) or is_symbolic(N) or any(is_symbolic(e) for _, e in others)
-    # A packed into MR-row panels (pack.py): with constant extents by the knob `pack`; over a run-time M for the full
-    # tile only (schedule/default.py, regime_tiles)
+    # A packed into MR-row panels (pack.py): with constant extents, by the knob `pack` (a run-time M reads A in place)
     packed = pack_rows(k, c, red, t, mo, mi, tag, dec, threads > 1) if schedule_plain is not None else None
-    dyn_packed = pack_rows_dynamic(k, c, red, t, mo, mi, tag, threads > 1) if dynamic and pack_dynamic else None
-    pre, swap = packed or dyn_packed or ([], {})
+    pre, swap = packed or ([], {})
     red_body = substitute(red.body, swap) if swap else red.body
     # a symbolic M or N (kernel/dynamic.py): the tile counts are run-time expressions, every edge is handled
     n_mo, n_no = _ceil_div(M, t.mr), _ceil_div(N, t.nr)
@@ -471,7 +478,14 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
             # the guards cost a few instructions per tile, not per step: the 14 clamped row addresses stay in
             # registers, no spills, and a run-time-rows GEMM measured the same with full tiles unclamped), and a
             # second copy of the tile doubles compile time
-            return [tile(True, tile_term(True), width, n_ext)]
+            stmt: Stmt = tile(True, tile_term(True), width, n_ext)
+            # the last, partial row block (M − mo·MR rows left) on the smallest `tails` tile that covers it; the full
+            # tile on the common side (`If.body`), each side weighed by its share of the row blocks (`If.share`)
+            left = as_extent(M) - mo * t.mr
+            for rows, fewer in zip(sorted(tails, reverse=True), [*sorted(tails, reverse=True)[1:], 0]):
+                stmt = If(cmp(">", left, Const(rows, "int64")), [stmt],
+                          [tile(True, tile_term(True), width, n_ext, rows)], tail_share(M, t.mr, fewer, rows))
+            return [stmt]
         if M % t.mr and packed is None:
             # a static M's last row block computes only its M % MR rows (gemm_odd at AVX2: 3 rows, not 6 clamped)
             full = cmp("<=", mo * t.mr + t.mr, as_extent(M))
@@ -494,6 +508,19 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
     body = rename_tile(tiles, decode)
     kind = "parallel" if threads > 1 and hint(total) > 1 else "serial"
     return pre + [Loop(flat, as_extent(total), body, kind)]
+
+
+def tail_share(M: Expr, mr: int, fewer: int, rows: int) -> tuple[Expr, Expr]:
+    """The `If.share` of a tail tile of `rows` rows, reached by row blocks of more than `fewer` rows left: per
+    panel, ⌈M/MR⌉ row blocks, the last holding rem = M − (⌈M/MR⌉ − 1)·MR rows; it takes the tail when
+    fewer < rem ≤ rows. With [rem ≤ x] = (x + MR − rem) // MR for 0 ≤ x < MR: ([rem ≤ rows] − [rem ≤ fewer],
+    ⌈M/MR⌉ − [rem ≤ fewer])."""
+    blocks = (as_extent(M) + Const(mr - 1, "int64")) // Const(mr, "int64")
+    rem = as_extent(M) - (blocks - Const(1, "int64")) * Const(mr, "int64")
+
+    def at_most(x: int) -> Expr:
+        return (Const(x + mr, "int64") - rem) // Const(mr, "int64")
+    return at_most(rows) - at_most(fewer), blocks - at_most(fewer)
 
 
 def _thread_parts(c: Compute, names: list[Var], extents: list, mo: Var, threads: int,

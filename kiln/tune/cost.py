@@ -25,6 +25,7 @@ on this target, one ranking group per workload), predicting a score whose order 
 `spearman` reports how well it ranks candidates it was not trained on (kiln/tune/report.py, `kiln tune --report`)."""
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -104,7 +105,10 @@ class _Walker:
                 self.stmts(s.body, loops + [_Ctx(s.var, max(1, trip), s.kind, s.lanes if s.kind == "vector" else 1)])
             elif isinstance(s, If):
                 taken = value_at(s.cond, self.env)  # a regime dispatch on the symbolic dims: the side that runs
-                self.stmts(s.orelse if taken == 0 else s.body, loops)  # else the common (interior) side
+                if taken is None and s.share is not None:  # a tail tile: both sides, by their shares
+                    self.weighed(s, loops)
+                else:
+                    self.stmts(s.orelse if taken == 0 else s.body, loops)  # else the common (interior) side
             elif isinstance(s, Local):
                 lanes = next((c.lanes for c in reversed(loops) if c.kind == "vector"), 1)
                 self.locals[s.name] = s.count * max(1, -(-lanes // self.native))
@@ -114,6 +118,24 @@ class _Walker:
                 self.call(s, loops)
             elif hasattr(s, "value") and hasattr(s, "name"):  # Assign: an accumulator update
                 self.store(None, (), s.value, loops, is_store=False, acc=s.name)
+
+    def weighed(self, s: If, loops: list[_Ctx]) -> None:
+        """Both sides of an If whose condition reads loop variables, their sums blended by `If.share` at the
+        walker's sizes; the common side (`body`) keeps the hot nest and the accumulator count."""
+        part, whole = (value_at(e, self.env) for e in s.share)
+        w = part / whole if part is not None and whole else 0.0
+        before = copy.deepcopy(self.acc)
+        self.stmts(s.body, loops)
+        common, self.acc = self.acc, copy.deepcopy(before)
+        self.stmts(s.orelse, loops)
+        tail = self.acc
+        for name in ("flops", "fma_vec", "lane_work", "lane_slots", "loads", "bcasts", "gathers", "stores"):
+            b = getattr(before, name)
+            setattr(common, name, b + (1 - w) * (getattr(common, name) - b) + w * (getattr(tail, name) - b))
+        common.traffic = [b + (1 - w) * (c - b) + w * (t - b)
+                          for b, c, t in zip(before.traffic, common.traffic, tail.traffic)]
+        common.ukernel = common.ukernel or tail.ukernel
+        self.acc = common
 
     def bound(self, e: Expr) -> int:
         """A loop extent's value at the walker's sizes, or an upper bound of it (an edge tile's min(MR, ·))."""
