@@ -111,8 +111,8 @@ class KernelEmitter:
             for s in stmts:
                 if isinstance(s, Loop) and s.kind == "parallel":
                     self.parallel(b, list(fn.args), s)
-                elif isinstance(s, If) and _holds_parallel(s):  # a run-time choice between parallel nests (the
-                    c, is_vec = em.ev(s.cond)                    # regimes of schedule/default.py: regime_tiles)
+                elif isinstance(s, If) and _holds_parallel(s):  # a run-time choice between parallel nests (a
+                    c, is_vec = em.ev(s.cond)                    # short run-time axis: schedule/default.py)
                     assert not is_vec, "If conditions must be uniform"
                     with b.if_else(c) as (then, otherwise):
                         with then:

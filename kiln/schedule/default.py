@@ -254,45 +254,36 @@ def _short_rows_copy(k: Kernel, c: Compute, target: Target) -> Compute | None:
 # 16-token GELU gets 24 of them, a 512-token one 768)
 SYMBOLIC_CHUNK = 2048
 
-# rows of the register tiles a symbolic M dispatches between at run time, beside the full tile: one row (a decode
-# step: a matrix-vector product, one output row per weight panel pass). A few rows (2 … MR−1) run the full tile with
-# its clamped edge: those products are bound by streaming the weights, and each variant costs compile time.
-# For an activation × activation product (attention's): a GEMM with packed weights has TAIL_ROWS instead
-REGIME_ROWS = (1,)
-# the tail tiles of a GEMM with packed weights over run-time rows: the last, partial row block runs on the smallest
-# of these (below the full tile's rows) that covers it, so at most a few rows of FMAs are wasted at any M (77 rows
-# on 8-row tiles: 9 full tiles and a 5-row rest on the full tile clamped, 80 rows; 16: two full tiles; 9: one and a
-# 1-row tail). Before, the whole M ran on one of 14, 8, 4, 3 or 1 rows picked by a row-steps cost (77 rows: 84 on
-# 14-row tiles): the tails measured 0.95–0.96× that at 77, 200 and 4 × 77 tokens of gpt_decoder and bert_base, 0.98×
-# at 4 × 512, equal at 1–16 tokens (Zen 5, one interleaved A/B run), and with one nest instead of five the model's
-# LLVM time 1.06 → 0.77 CPU-s. A 2-row tail instead of the 3-row one is not worth its compile time (one row wasted)
+# the tail tiles of a register tile over run-time rows (a symbolic M): one nest of full tiles, its last, partial
+# row block on the smallest tail (below the full tile's rows) that covers it, picked at run time, so at most a few
+# rows of FMAs are wasted at any M. A GEMM with packed weights (full tiles of 8 rows, tile.py: RUN_TIME_MR): 77 rows
+# run 9 full tiles and the full tile clamped (80 rows), 16 two full tiles, 9 one and a 1-row tail. Before, the whole
+# M ran on one of 14, 8, 4, 3 or 1 rows picked by a row-steps cost (77 rows: 84 on 14-row tiles): the tails measured
+# 0.95–0.96× that at 1×77, 4×77 and 1×200 tokens of gpt_decoder and bert_base, 0.98× at 4 × 512, equal at 1–16
+# tokens (Zen 5, one interleaved A/B run), and with one nest instead of five the model's LLVM time 1.06 → 0.77 CPU-s
 TAIL_ROWS = (8, 4, 3, 1)
+# an activation × activation product (attention's): the 1-row tail only (a decode step's one query row; before, a
+# 1-row nest of its own — the same speed, 5% more LLVM time). Its 8-, 4- and 3-row tails measured 0.96–0.99× at
+# gpt_decoder's 1×3 … 1×200 for 10% more LLVM time
+PRODUCT_TAIL_ROWS = (1,)
 
 
 def regime_tiles(k: Kernel, c: Compute, shape: TileShape, tag: str, threads: int, dec: Decisions) -> list[Stmt]:
-    """The register tile of a compute with run-time extents; when its rows M are a symbolic dim, edges picked at
-    run time by M (DietCode's shape-generic micro-kernels, here by hand from the registers):
+    """The register tile of a compute with run-time extents; when its rows M are a symbolic dim, one nest of full
+    MR-row tiles whose last row block runs on a tail tile picked at run time (DietCode's shape-generic micro-kernels,
+    here by hand from the registers):
 
-      GEMM with packed weights: one nest of full MR-row tiles; its last row block on a tail tile of TAIL_ROWS rows
         for mo < ⌈M/MR⌉:  left = M − mo·MR
           if left ≤ 1: 1-row tile   elif left ≤ 3: 3-row   elif left ≤ 4: 4-row   (… 8-row if MR > 8)
           else: the MR-row tile, rows past M clamped (read row M − 1, not stored)
-      activation × activation product (attention's):
-        if M ≤ 1: the 1-row nest (REGIME_ROWS)   else: the MR-row nest, its last tile clamped
-    The packed GEMM's A rows are read in place (no run-time packing: with 8-row tiles the copy measured slower than
-    the rows' L1 conflicts it saves, gpt_decoder's K = 1024 down-projection 1.06× at 4 × 128); an activation ×
-    activation product's tile loops run on the calling thread when small (_small_on_caller)."""
+    with TAIL_ROWS for a GEMM with packed weights, PRODUCT_TAIL_ROWS for an activation × activation product. A is
+    read in place (no run-time packing: with 8-row tiles the copy measured slower than the rows' L1 conflicts it
+    saves, gpt_decoder's K = 1024 down-projection 1.06× at 4 × 128); an activation × activation product's tile
+    loops run on the calling thread when small (_small_on_caller)."""
     M = c.extents[shape.m_axis]
-    if is_symbolic(M) and not shape.flatten_rows and "nr" in c.hints:
-        tails = tuple(r for r in TAIL_ROWS if r < shape.mr)
-        return tile_compute(k, c, shape, tag, threads, None, dec, tails=tails)
-    nest = tile_compute(k, c, shape, tag, threads, None, dec)
-    if not is_symbolic(M) or shape.flatten_rows:
-        return _small_on_caller(nest, c)
-    for rows in sorted((r for r in REGIME_ROWS if r < shape.mr), reverse=True):
-        small = tile_compute(k, c, replace(shape, mr=rows), f"{tag}r{rows}", threads, None, dec)
-        nest = [If(cmp("<=", M, Const(rows, "int64")), small, nest)]
-    return _small_on_caller(nest, c)
+    rows = TAIL_ROWS if "nr" in c.hints else PRODUCT_TAIL_ROWS
+    tails = tuple(r for r in rows if r < shape.mr) if is_symbolic(M) and not shape.flatten_rows else ()
+    return _small_on_caller(tile_compute(k, c, shape, tag, threads, None, dec, tails=tails), c)
 
 
 def _small_on_caller(nest: list[Stmt], c: Compute) -> list[Stmt]:
