@@ -144,7 +144,7 @@ def lower_graph(graph: Graph, target: Target, num_threads: int, options: dict[st
     out = Compiled(graph, timings=times)
     dims = DynamicDims.of(graph)                                             # 3a. symbolic dims → max layouts
     prog = build_program(graph, options, dims)                               # 3. lower + fuse → kernels
-    if options.get("compact_rows", True):                                    #    [seq, seq] intermediates: rows
+    if options.get("compact_rows", True):                                    #    [.., seq] intermediates: rows
         compact_trailing(prog)                                               #    seq apart, not the bound's
     applied = apply_tuning(prog, tuning, target, num_threads, options)       # 3b. tuned schedules (database)
     out.tuned = applied.tuned

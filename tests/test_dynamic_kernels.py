@@ -169,16 +169,18 @@ def _locals(body: list) -> list:
     return out
 
 
-def test_square_intermediates_get_run_time_rows(width: str) -> None:
-    """attention_model's scores and probabilities, [batch, seq, seq], are laid out with their rows seq apart
-    (kernel/compact.py): one merged last axis of the bound's size (48·48), indexed i·seq + j. The scores' matmul
-    keeps its register tile; outputs match onnxruntime at every size, and the build without it."""
+def test_intermediates_of_run_time_row_length_get_run_time_rows(width: str) -> None:
+    """attention_model's scores and probabilities, [batch, seq, seq], and its transposed keys, [batch, 32, seq], are
+    laid out with their rows seq apart (kernel/compact.py): one merged last axis of the bound's size (48·48, 32·48),
+    indexed i·seq + j; [batch, seq, 32] intermediates keep the max layout. The scores' matmul keeps its register
+    tile; outputs match onnxruntime at every size, and the build without it."""
     from kiln.compiler import check_options, lower
     from kiln.target import resolve
     model, bounds = attention_model(), {"batch": (1, 4), "seq": (1, 48)}
     prog = lower(model, resolve(width), 2, check_options({}), dynamic_bounds=bounds, stop_after="kernels").program
     shape = {name.split(":")[-1].rsplit(".", 1)[0]: b.shape for name, b in prog.buffers.items()}  # "Mul:s.6" → s
-    assert shape["s"] == shape["a"] == (4, 48 * 48) and shape["ln"] == (4, 48, 32), shape
+    assert shape["s"] == shape["a"] == (4, 48 * 48) and shape["lt"] == (4, 32 * 48) and shape["ln"] == (4, 48, 32), \
+        shape
     scores = next(k for k, names in zip(prog.kernels, prog.bindings) if names[0].startswith("Mul:s."))
     assert any(loc.count > 1 for loc in _locals(scores.body)), "the scores' matmul lost its register tile"
     exe = compiled_once(model, width, bounds)

@@ -1,16 +1,21 @@
-"""compact_trailing: an intermediate whose last two dims are both symbolic — attention's scores and probabilities,
-[b, h, seq, seq] — laid out with its rows `seq` apart, not the upper bound's 512.
+"""compact_trailing: an intermediate whose last dim is symbolic — attention's scores and probabilities,
+[b, h, seq, seq], and a transposed key, Kᵀ [b, h, d, seq] — laid out with its rows `seq` apart, not the upper
+bound's 512.
 
 A symbolic model's buffers are planned in their max layouts (kernel/dynamic.py): a dim's stride is its upper bound's,
 whatever the actual size, so a [b, s, 768] activation at s = 77 is the first 77 rows of a 512-row block — dense rows,
-each contiguous. A square [seq, seq] block is not: at seq = 200 each 800-byte row sits 2 KiB from the next. Softmax
-and the two attention matmuls then stream 2.5× the lines they use (the hardware prefetchers run on past each row's
-end) and the rows collide in a few L1 sets; gpt_decoder's softmax ran 2–2.7× its static build at 4×200 tokens.
+each contiguous. A buffer whose last dim is symbolic is not: at seq = 200 each 800-byte row of a [seq, seq] block
+sits 2 KiB from the next. Softmax and the two attention matmuls then stream 2.5× the lines they use (the hardware
+prefetchers run on past each row's end) and the rows collide in a few L1 sets; gpt_decoder's softmax ran 2–2.7× its
+static build at 4×200 tokens. At a few tokens Kᵀ's 64 rows per head, each a few floats, sit on 64 lines 2 KiB apart
+(half as many pages) where the static build's fill one or two lines: compacting Kᵀ too took gpt_decoder's 3-token
+steps 0.84–0.87× and its 1-token steps 0.93–0.95× (bert_base_dynamic at 4×3 0.90×), equal from 16 tokens up (Zen 5,
+one interleaved A/B run).
 
-So such a buffer's last two axes become one of the bound's size (512·512), indexed `i·seq + j` with `seq` the actual
-run-time extent: the same storage (the arena plans the bound), its rows packed. Only buffers every reader and writer
-of is a kernel of this program: not graph inputs or outputs (their layouts are the caller's), not views or the
-values views alias (a view's consumer indexes the shared storage with its own shape), not constants.
+So such a buffer's last two axes become one of the bound's size (512·512, 64·512), indexed `i·seq + j` with `seq`
+the actual run-time extent: the same storage (the arena plans the bound), its rows packed. Only buffers every reader
+and writer of is a kernel of this program: not graph inputs or outputs (their layouts are the caller's), not views
+or the values views alias (a view's consumer indexes the shared storage with its own shape), not constants.
 
     before:  scores: float32[4, 4, 512, 512]      b2[b, h, i, j]          (row pitch 512)
     after:   scores: float32[4, 4, 262144]        b2[b, h, i·${seq} + j]  (row pitch seq)"""
@@ -32,7 +37,7 @@ def compact_trailing(prog: Program) -> list[str]:
     for name, shape in dims.shapes.items():
         if name in io or name in aliased or name in prog.consts or name not in prog.buffers:
             continue
-        if len(shape) >= 2 and not is_static(shape[-1]) and not is_static(shape[-2]):
+        if len(shape) >= 2 and not is_static(shape[-1]):
             pitch[name] = dims.expr(shape[-1])
     if not pitch:
         return []
