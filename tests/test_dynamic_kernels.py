@@ -430,3 +430,15 @@ def test_run_time_rows_of_packed_weights_end_on_tail_tiles(width: str) -> None:
         check_sizes(exe, model, [{"batch": 1, "seq": s} for s in (1, 2, 3, 4, 5, 7, 9, 11, 12, 13, 17, 40)]
                     + [{"batch": 3, "seq": 19}, {"batch": 2, "seq": 36}])
 
+
+
+def test_reduction_split_gives_short_tiles_enough_fma_chains() -> None:
+    """A tile with fewer vector accumulators than the target's FMA chains deals its reduction to `split` partial
+    accumulators per row (schedule/tile.py: reduction_split): a power of two, only over a constant reduction with at
+    least 16 steps per partial; the tiles' outputs are checked against onnxruntime by the tail and model tests."""
+    from kiln.kernel.ir import Sym
+    from kiln.schedule.tile import reduction_split
+    assert reduction_split(2, 8, 256) == 4 and reduction_split(6, 8, 1024) == 2 and reduction_split(1, 8, 1280) == 8
+    assert reduction_split(8, 8, 256) == 1 and reduction_split(16, 8, 256) == 1  # enough chains already
+    assert reduction_split(2, 8, Sym("seq", 0, 512)) == 1  # a run-time reduction (attention's P·V)
+    assert reduction_split(2, 8, 24) == 1 and reduction_split(2, 8, 32) == 2  # ≥ 16 steps per partial

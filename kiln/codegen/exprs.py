@@ -34,6 +34,7 @@ from kiln.kernel.ir import (
     Un,
     Var,
     children,
+    hint,
     is_float,
     substitute,
 )
@@ -314,10 +315,17 @@ class ExprEmitter:
         ptrs, vec = self.locals[name]
         if slot is None:
             return ptrs[0], vec
-        i = self.ev(slot)[0]
-        if not isinstance(i, ir.Constant):
-            raise AssertionError(f"register-tile slot of ${name} is not constant: unroll its loop")
-        return ptrs[int(i.constant)], vec
+        if isinstance(slot, (Var, Const)):
+            i = self.ev(slot)[0]
+            if isinstance(i, ir.Constant):
+                return ptrs[int(i.constant)], vec
+        else:  # arithmetic of unrolled loop variables (a split reduction's ru·rows + mi): folded here
+            known = {Var(n): Const(int(v.constant), "int64") for n, v in self.env.items() if isinstance(v, ir.Constant)}
+            try:
+                return ptrs[hint(substitute(slot, known))], vec
+            except ValueError:
+                pass
+        raise AssertionError(f"register-tile slot of ${name} is not constant: unroll its loop")
 
     def const(self, e: Const) -> ir.Value:
         t = SCALAR[e.dtype]

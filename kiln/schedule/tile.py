@@ -86,6 +86,7 @@ class TileShape:
     # vector_reduce of one update only as scalable code)
     dot_edge: bool = False
     l2_bytes: int = 1 << 20  # the target's L2 (the tile order over run-time row blocks plans for it)
+    chains: int = 0  # the target's fma_chains: a tile with fewer accumulators splits its reduction (reduction_split)
 
 
 def choose_tile(k: Kernel, c: Compute, target: Target, dec: Decisions | None = None) -> TileShape | None:
@@ -93,7 +94,7 @@ def choose_tile(k: Kernel, c: Compute, target: Target, dec: Decisions | None = N
     (unpacked operands: the packed ones have their panel width), the flattening of conv rows and the input-channel
     block are knobs of `dec` (schedule/config.py), the heuristics below their defaults."""
     shape = _choose_tile(k, c, target, dec if dec is not None else Decisions())
-    return replace(shape, l2_bytes=target.l2_bytes) if shape is not None else None
+    return replace(shape, l2_bytes=target.l2_bytes, chains=target.fma_chains) if shape is not None else None
 
 
 def _choose_tile(k: Kernel, c: Compute, target: Target, dec: Decisions) -> TileShape | None:
@@ -302,7 +303,7 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
     if t.flatten_rows:
         c = flatten_rows(c)
         t = TileShape(c.hints["m_axis"], c.hints["n_axis"], t.mr, t.nr, t.lanes, False, t.channel_block,
-                      dot_edge=t.dot_edge, l2_bytes=t.l2_bytes)
+                      dot_edge=t.dot_edge, l2_bytes=t.l2_bytes, chains=t.chains)
     red = next(e for e in walk(c.body) if isinstance(e, Reduce))
     m_v, n_v = c.axes[t.m_axis], c.axes[t.n_axis]
     M, N = c.extents[t.m_axis], c.extents[t.n_axis]
@@ -451,19 +452,44 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
         """The `rows`×`width` tile (MR rows but in a static M's last row block); `edge` rows past M read row M−1
         (clamped) and are not stored."""
         acc = f"acc{tag}"
-        update: Stmt = Loop(mi, Const(rows, "int64"),
-                            [Assign(acc, combine("sum", LocalRef(acc, red.dtype, mi), term), mi)], "unroll")
-        for i, (v, e) in enumerate(reversed(red_axes)):
-            ahead = (prefetch_panel(term, v, ni, t.prefetch, t.nr) if packed_panel else
-                     prefetch_ahead(term, v, ni, mi, t.nr, distance)) if i == 0 else []
-            update = Loop(v, as_extent(e), [*ahead, update], "unroll" if i == 0 and unroll_last else "serial")
+        rv, rext = red_axes[-1]
+        # (from the full panel's vectors, not a narrow last panel's: every column of a row sums in the same order —
+        # equal weight columns give equal outputs, as onnxruntime's do)
+        split = reduction_split(rows * -(-t.nr // t.lanes), t.chains, rext) if len(red_axes) == 1 else 1
+        reduce: list[Stmt]
+        if split > 1:
+            # too few accumulators to hide the FMA latency (a 1-row tile: nvec chains): the reduction's steps dealt
+            # round-robin to `split` accumulators per row, summed after the loop
+            #   for r < K: acc[mi] += A·B(r)  ⇒  for rs < K/split, ru < split: acc[ru·rows + mi] += A·B(rs·split + ru)
+            rs, ru = Var(f"{rv.name}s"), Var(f"{rv.name}u")
+            at = {rv: rs * split + ru}
+            slot = ru * rows + mi
+            ahead = rename_tile(prefetch_panel(term, rv, ni, t.prefetch, t.nr) if packed_panel else
+                                prefetch_ahead(term, rv, ni, mi, t.nr, distance), at)
+            step = Loop(mi, Const(rows, "int64"),
+                        [Assign(acc, combine("sum", LocalRef(acc, red.dtype, slot), substitute(term, at)), slot)],
+                        "unroll")
+            partials = LocalRef(acc, red.dtype, mi)
+            for u in range(1, split):
+                partials = combine("sum", partials, LocalRef(acc, red.dtype, mi + Const(u * rows, "int64")))
+            reduce = [Loop(rs, Const(hint(rext) // split, "int64"),
+                           [Loop(ru, Const(split, "int64"), [*ahead, step], "unroll")], "serial"),
+                      Loop(mi, Const(rows, "int64"), [Assign(acc, partials, mi)], "unroll")]
+        else:
+            update: Stmt = Loop(mi, Const(rows, "int64"),
+                                [Assign(acc, combine("sum", LocalRef(acc, red.dtype, mi), term), mi)], "unroll")
+            for i, (v, e) in enumerate(reversed(red_axes)):
+                ahead = (prefetch_panel(term, v, ni, t.prefetch, t.nr) if packed_panel else
+                         prefetch_ahead(term, v, ni, mi, t.nr, distance)) if i == 0 else []
+                update = Loop(v, as_extent(e), [*ahead, update], "unroll" if i == 0 and unroll_last else "serial")
+            reduce = [update]
         out_idx = substitute_all(c.store_index, {m_v: m_expr, n_v: n_expr})
         epilogue = substitute(c.body, {red: LocalRef(acc, red.dtype, mi), m_v: m_expr, n_v: n_expr})
         store: Stmt = Store(c.out, out_idx, epilogue)
         if edge or (packed is not None and M % t.mr):
             store = If(cmp("<", m_expr, as_extent(M)), [store])
         whole = isinstance(n_ext, Const) and int(n_ext.value) % width == 0
-        return Loop(ni, n_ext, [Local(acc, red.dtype, init_value("sum", red.dtype), rows), update,
+        return Loop(ni, n_ext, [Local(acc, red.dtype, init_value("sum", red.dtype), rows * split), *reduce,
                                 Loop(mi, Const(rows, "int64"), [store], "unroll")], "vector", width, masked=not whole)
 
     def tiles_of(width: int, n_ext: Expr) -> list[Stmt]:
@@ -508,6 +534,22 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
     body = rename_tile(tiles, decode)
     kind = "parallel" if threads > 1 and hint(total) > 1 else "serial"
     return pre + [Loop(flat, as_extent(total), body, kind)]
+
+
+def reduction_split(accumulators: int, chains: int, k: Expr | int) -> int:
+    """Accumulators per row for a tile of `accumulators` vector accumulators (rows × vectors) over a reduction of `k`
+    steps: enough for `chains` independent FMA chains (latency × pipes), a power of two dividing a constant k of at
+    least 16 steps per accumulator; 1 where the tile has enough (or k is a run-time extent). A 1-row tile's 2 chains
+    left a decode step's GEMMs latency-bound: 4 batch entries × 1 token ran 2.5–3.3× one entry's time. Split (Zen 5,
+    one interleaved A/B run): gpt_decoder 4×1 0.77×, 4×3 0.92×, 2×9 0.93×, bert_base_dynamic 4×1 0.86×, 4×3 0.93×,
+    the rest within noise (a static model's 1-row classifier too); the dynamic build's LLVM time +4%."""
+    if chains <= accumulators or not isinstance(k, (int, Const)):
+        return 1
+    k = int(k.value) if isinstance(k, Const) else int(k)
+    split = 1
+    while split * accumulators < chains and k % (2 * split) == 0 and k // (2 * split) >= 16:
+        split *= 2
+    return split
 
 
 def tail_share(M: Expr, mr: int, fewer: int, rows: int) -> tuple[Expr, Expr]:
