@@ -500,10 +500,10 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
         if inner is not None:
             body_tiles = [If(inner[1], [tile(False, inner[0], width, n_ext)], body_tiles)]
         if is_symbolic(M) and packed is None:
-            # run-time rows: every tile is the clamped, guarded one — its FMAs are the full tile's (the clamp and
-            # the guards cost a few instructions per tile, not per step: the 14 clamped row addresses stay in
-            # registers, no spills, and a run-time-rows GEMM measured the same with full tiles unclamped), and a
-            # second copy of the tile doubles compile time
+            # run-time rows: every full tile is the clamped, guarded one (the clamp and the guards cost a few
+            # instructions per tile, not per step: the clamped row addresses stay in registers, no spills, and a
+            # run-time-rows GEMM measured the same with full tiles unclamped; an unclamped copy for the interior
+            # would double the tile's code and compile time)
             stmt: Stmt = tile(True, tile_term(True), width, n_ext)
             # the last, partial row block (M − mo·MR rows left) on the smallest `tails` tile that covers it; the full
             # tile on the common side (`If.body`), each side weighed by its share of the row blocks (`If.share`)
