@@ -156,17 +156,17 @@ def test_bounds_checked_build_stays_inside_the_max_layouts() -> None:
             pytest.fail(f"out-of-bounds access in the dynamic build: {e}")
 
 
-def _locals(body: list) -> list:
-    from kiln.kernel.ir import If, Local, Loop
+def _stmts(body: list) -> list:
+    """Every statement of a nest, nested ones included (loop bodies, both sides of an If)."""
     out = []
     for st in body:
-        if isinstance(st, Local):
-            out.append(st)
-        elif isinstance(st, Loop):
-            out += _locals(st.body)
-        elif isinstance(st, If):
-            out += _locals(st.body) + _locals(st.orelse)
+        out += [st, *_stmts(getattr(st, "body", [])), *_stmts(getattr(st, "orelse", []))]
     return out
+
+
+def _locals(body: list) -> list:
+    from kiln.kernel.ir import Local
+    return [st for st in _stmts(body) if isinstance(st, Local)]
 
 
 def test_intermediates_of_run_time_row_length_get_run_time_rows(width: str) -> None:
@@ -400,16 +400,6 @@ def long_rows_model(k: int = 1024, n: int = 40) -> onnx.ModelProto:
     return _model(nodes, [x], [y], inits)
 
 
-def _ifs(stmts: list) -> list[If]:
-    out = []
-    for s in stmts:
-        if isinstance(s, If):
-            out += [s, *_ifs(s.body), *_ifs(s.orelse)]
-        elif hasattr(s, "body"):
-            out += _ifs(s.body)
-    return out
-
-
 def test_run_time_rows_of_packed_weights_end_on_tail_tiles(width: str) -> None:
     """A GEMM with packed weights over run-time rows: full tiles, and the last row block on the smallest tail tile
     that covers it (schedule/default.py: TAIL_ROWS), each weighed by its share of the row blocks for the cost model;
@@ -423,7 +413,7 @@ def test_run_time_rows_of_packed_weights_end_on_tail_tiles(width: str) -> None:
     assert not [b for b in k.scratch if re.fullmatch(r"b\d+p\d+", b.name)], k.scratch
     # one tail If for each of the 4-, 3- and 1-row tails below the full tile's rows (AVX-512: 8, AVX2: 6, SSE: 5),
     # for each panel width (the last panel of 40 columns may be narrower)
-    tails = [s for s in _ifs(k.body) if s.share is not None]
+    tails = [s for s in _stmts(k.body) if isinstance(s, If) and s.share is not None]
     assert len(tails) in (3, 6), (width, len(tails))
     exe = compiled_once(model, width, bounds)
     if exe is not None:

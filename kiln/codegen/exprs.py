@@ -320,11 +320,10 @@ class ExprEmitter:
             if isinstance(i, ir.Constant):
                 return ptrs[int(i.constant)], vec
         else:  # arithmetic of unrolled loop variables (a split reduction's ru·rows + mi): folded here
-            known = {Var(n): Const(int(v.constant), "int64") for n, v in self.env.items() if isinstance(v, ir.Constant)}
-            try:
-                return ptrs[hint(substitute(slot, known))], vec
-            except ValueError:
-                pass
+            values = {n: self.env.get(n) for n in self.free_vars(slot) or ()}
+            if values and all(isinstance(v, ir.Constant) for v in values.values()):
+                return ptrs[hint(substitute(slot, {Var(n): Const(int(v.constant), "int64")
+                                                   for n, v in values.items()}))], vec
         raise AssertionError(f"register-tile slot of ${name} is not constant: unroll its loop")
 
     def const(self, e: Const) -> ir.Value:

@@ -508,7 +508,8 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
             # the last, partial row block (M − mo·MR rows left) on the smallest `tails` tile that covers it; the full
             # tile on the common side (`If.body`), each side weighed by its share of the row blocks (`If.share`)
             left = as_extent(M) - mo * t.mr
-            for rows, fewer in zip(sorted(tails, reverse=True), [*sorted(tails, reverse=True)[1:], 0]):
+            taller_first = sorted(tails, reverse=True)
+            for rows, fewer in zip(taller_first, [*taller_first[1:], 0]):
                 stmt = If(cmp(">", left, Const(rows, "int64")), [stmt],
                           [tile(True, tile_term(True), width, n_ext, rows)], tail_share(M, t.mr, fewer, rows))
             return [stmt]
@@ -545,7 +546,7 @@ def reduction_split(accumulators: int, chains: int, k: Expr | int) -> int:
     the rest within noise (a static model's 1-row classifier too); the dynamic build's LLVM time +4%."""
     if chains <= accumulators or not isinstance(k, (int, Const)):
         return 1
-    k = int(k.value) if isinstance(k, Const) else int(k)
+    k = hint(k)
     split = 1
     while split * accumulators < chains and k % (2 * split) == 0 and k // (2 * split) >= 16:
         split *= 2
