@@ -118,7 +118,7 @@ def lower_graph(graph: Graph, target: Target, num_threads: int, options: dict[st
                 trace: Trace | None = None, stop_after: str = "object", bounds_check: bool = False,
                 t0: float | None = None, tuning: Any = None, jobs: int = 1) -> Compiled:
     """Steps 2–9 of `lower` on a graph that is already imported (and has its strategies assigned)."""
-    from kiln.codegen.jit import emit_object, optimize
+    from kiln.codegen.jit import emit_object, opt_level, optimize
     from kiln.codegen.module import build_module_text
     from kiln.codegen.split import split_kernels, start_units
     from kiln.graph.passes import run_graph_passes
@@ -178,7 +178,7 @@ def lower_graph(graph: Graph, target: Target, num_threads: int, options: dict[st
     lap("codegen")
     if stop_after == "llvm":
         return out
-    mod = optimize(out.llvm_ir, target)                                      # 8. LLVM -O3
+    mod = optimize(out.llvm_ir, target, opt_level(prog.dims is not None))   # 8. LLVM -O3 (-O2: symbolic dims)
     tr("llvm-opt", str(mod))
     out.objs = [emit_object(mod, target)]                                    # 9. machine code
     lap("llvm")

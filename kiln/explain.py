@@ -101,8 +101,9 @@ def explain(model: onnx.ModelProto, node: str | None = None, stages: list[str] |
     if "llvm" in stages:
         parts.append(f"{RULE}\n== LLVM IR of {fn} (as emitted)\n{_function_text(c.llvm_ir, fn)}")
     if "asm" in stages:
-        from kiln.codegen.jit import emit_assembly, optimize
-        asm = emit_assembly(optimize(c.llvm_ir, tgt), tgt)
-        parts.append(f"{RULE}\n== {tgt.cpu} assembly of {fn} (after LLVM -O3)\n{_asm_of(asm, fn)}")
+        from kiln.codegen.jit import emit_assembly, opt_level, optimize
+        level = opt_level(c.program.dims is not None)
+        asm = emit_assembly(optimize(c.llvm_ir, tgt, level), tgt)
+        parts.append(f"{RULE}\n== {tgt.cpu} assembly of {fn} (after LLVM -O{level})\n{_asm_of(asm, fn)}")
     parts.append(f"{RULE}\ncompile stages: " + ", ".join(f"{k} {v:.2f}s" for k, v in c.timings.items()))
     return "\n".join(parts)

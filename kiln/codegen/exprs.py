@@ -5,7 +5,6 @@ emitted once as a scalar) or *varying* (a vector of `lanes`). A load whose flat 
 with v becomes one vector load, a uniform one a scalar load broadcast on use, anything else a gather."""
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +14,7 @@ from llvmlite import ir
 
 from kiln.codegen.bf16 import bf16_bits_const, bf16_to_f32, f32_to_bf16, native_rounding
 from kiln.codegen.bounds import BoundsChecker
+from kiln.codegen.constants import poison, vector_constant
 from kiln.codegen.hoist import emitting_in, hoistable, value_key
 from kiln.codegen.mathfn import VectorMath
 from kiln.kernel.analysis import coef, flat_index, unclamped_index
@@ -53,37 +53,6 @@ _FCMP = {"<": "<", "<=": "<=", "==": "==", "!=": "!=", ">": ">", ">=": ">="}
 _LIBM_UNARY = {"exp": "llvm.exp", "log": "llvm.log", "sqrt": "llvm.sqrt", "sin": "llvm.sin", "cos": "llvm.cos",
                "floor": "llvm.floor", "ceil": "llvm.ceil", "round": "llvm.roundeven", "tanh": "llvm.tanh",
                "abs": "llvm.fabs"}
-
-
-class _Spelled(ir.Constant):
-    """A constant with its value (llvmlite checks shuffle masks by it) printed as `text` (zeroinitializer, poison)."""
-
-    def __init__(self, typ: ir.Type, value: object, text: str):
-        super().__init__(typ, value)
-        self.text = text
-
-    def _get_reference(self) -> str:
-        return self.text
-
-
-def _is_zero(v: object) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == 0 and str(float(v))[0] != "-"
-
-
-@functools.cache
-def vector_constant(elem: ir.Type, values: tuple) -> ir.Constant:
-    """One shared constant per (element type, lanes): llvmlite builds a Constant object per lane and formats them
-    all again on every use (resnet50: 300k lane objects for its splats). `zeroinitializer` when all lanes are +0."""
-    vt = ir.VectorType(elem, len(values))
-    if len(set(values)) == 1:  # llvmlite repeats one element Constant without building a list
-        one = ir.Constant(elem, values[0])
-        return _Spelled(vt, one, "zeroinitializer") if _is_zero(values[0]) else ir.Constant(vt, one)
-    return ir.Constant(vt, list(values))
-
-
-@functools.cache
-def poison(vt: ir.Type) -> ir.Constant:
-    return _Spelled(vt, None, "poison")
 
 
 def elem_bytes(mt: ir.Type) -> int:
@@ -632,7 +601,7 @@ class ExprEmitter:
 
     def _fconst(self, t: ir.Type, v: float) -> ir.Value:
         if isinstance(t, ir.VectorType):
-            return ir.Constant(t, [v] * t.count)
+            return vector_constant(t.element, (v,) * t.count)
         return ir.Constant(t, v)
 
     def cast(self, e: Cast) -> tuple[ir.Value, bool]:

@@ -375,6 +375,9 @@ class KernelEmitter:
         from a shared counter, so a thread slowed by another process on its core does not hold the others back."""
         worker = ir.Function(self.m, ir.FunctionType(ir.VoidType(), [PTR, I64]), f"{self.name}.par{self.n_par}")
         worker.linkage = "internal"
+        # never inlined: a loop over run-time extents also calls it directly when the call has little work (below),
+        # and LLVM inlined that call — a second copy of every parallel nest of a dynamic build
+        worker.attributes.add("noinline")
         self.n_par += 1
         wb = ir.IRBuilder(worker.append_basic_block("entry"))
         ctx, chunk_id = worker.args

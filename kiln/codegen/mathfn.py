@@ -9,11 +9,9 @@ from collections.abc import Callable
 
 from llvmlite import ir
 
+from kiln.codegen.constants import splat_constant as _c
+
 I32 = ir.IntType(32)
-
-
-def _c(t: ir.VectorType, v: float) -> ir.Constant:
-    return ir.Constant(t, [v] * t.count)
 
 
 def _poly(b: ir.IRBuilder, fma: Callable, x: ir.Value, coeffs: list[float]) -> ir.Value:
@@ -41,8 +39,8 @@ class VectorMath:
                                     1.6666665459e-1, 5.0000001201e-1])
         y = b.fadd(self.fma(p, b.fmul(r, r), r), _c(t, 1.0))
         vi = ir.VectorType(I32, t.count)
-        scale = b.bitcast(b.shl(b.add(b.fptosi(n, vi), ir.Constant(vi, [127] * t.count)),
-                                ir.Constant(vi, [23] * t.count)), t)
+        scale = b.bitcast(b.shl(b.add(b.fptosi(n, vi), _c(vi, 127)),
+                                _c(vi, 23)), t)
         out = b.fmul(y, scale)
         # past float32's range: +inf above ln(FLT_MAX), 0 below ln(FLT_MIN) (the clamp alone gave e^±87)
         out = b.select(b.fcmp_ordered(">", x, _c(t, 88.72283)), _c(t, float("inf")), out)
@@ -82,9 +80,9 @@ class VectorMath:
         tiny = b.fcmp_ordered("<", x, _c(t, 1.17549435e-38))
         xs = b.select(tiny, b.fmul(x, _c(t, 8388608.0)), x)
         bits = b.bitcast(xs, vi)
-        e = b.sub(b.lshr(bits, ir.Constant(vi, [23] * n)), ir.Constant(vi, [126] * n))
-        e = b.sub(e, b.select(tiny, ir.Constant(vi, [23] * n), ir.Constant(vi, [0] * n)))
-        m = b.bitcast(b.or_(b.and_(bits, ir.Constant(vi, [0x807FFFFF] * n)), ir.Constant(vi, [0x3F000000] * n)), t)
+        e = b.sub(b.lshr(bits, _c(vi, 23)), _c(vi, 126))
+        e = b.sub(e, b.select(tiny, _c(vi, 23), _c(vi, 0)))
+        m = b.bitcast(b.or_(b.and_(bits, _c(vi, 0x807FFFFF)), _c(vi, 0x3F000000)), t)
         low = b.fcmp_ordered("<", m, _c(t, 0.707106781186547524))
         e = b.sub(e, b.zext(low, vi))
         m = b.fsub(b.select(low, b.fadd(m, m), m), _c(t, 1.0))

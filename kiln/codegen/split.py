@@ -70,7 +70,8 @@ class UnitBuild:
             t = time.process_time()
             text, called = build_module_text(prog, plan, target, split=True)
             t1 = time.process_time()
-            entry = jit.emit_object(jit.optimize(text, target), target, reloc=RELOC)
+            entry = jit.emit_object(jit.optimize(text, target, jit.opt_level(prog.dims is not None)), target,
+                                    reloc=RELOC)
             cpu = {"codegen": t1 - t, "llvm": time.process_time() - t1}
             done: dict[int, list] = {}
             while workers:
@@ -120,7 +121,7 @@ def _work(prog: Program, units: list[list[int]], target: Target, take: Callable[
         t = time.process_time()
         text = build_unit_text(prog, units[u], target)
         t1 = time.process_time()
-        obj = jit.emit_object(jit.optimize(text, target), target, reloc=RELOC)
+        obj = jit.emit_object(jit.optimize(text, target, jit.opt_level(prog.dims is not None)), target, reloc=RELOC)
         out.append((u, obj, t1 - t, time.process_time() - t1))
     return out
 
