@@ -236,17 +236,18 @@ def batched_gemm() -> onnx.ModelProto:
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
-@pytest.mark.parametrize("eighths", [0, 1 << 20])
-def test_row_blocks_in_either_order_at_run_time(width: str, eighths: int, tmp_path) -> None:
+@pytest.mark.parametrize("eighths,rows", [(0, 3), (1 << 20, 1 << 20), (1 << 20, 3)])
+def test_row_blocks_in_either_order_at_run_time(width: str, eighths: int, rows: int, tmp_path) -> None:
     """Over several run-time row blocks the tile loop runs the weight panels outermost while the rows of every batch
-    entry fit in L2, else the batch entries outermost (one flattened loop, its indices decoded by a run-time
-    select). The knob `panel_outer_l2` forces either (0: always batch entries; 1<<20: always panels): both match
-    onnxruntime at every size."""
+    entry fit in L2 — and, for weights that fit in L2, while each entry has at most `panel_outer_rows` rows —, else
+    the batch entries outermost (one flattened loop, its indices decoded by a run-time select). The knobs force
+    either (panel_outer_l2 0: always batch entries; both 1<<20: always panels) or leave it to the rows (1<<20, 3):
+    each matches onnxruntime at every size."""
     model, bounds, t = batched_gemm(), {"batch": (1, 4), "seq": (1, 64)}, resolve(width)
     (w,) = [w for w in workloads_of(kernels_of(model, t, 2, {}, dynamic_bounds=bounds)) if w.klass == "matmul"]
     space = Space(w.kernel, t, 2, {})
-    assert space.knobs["0:panel_outer_l2"].default == 4
-    cfg = space.realize({**space.default, "0:panel_outer_l2": eighths}).config
+    assert space.knobs["0:panel_outer_l2"].default == 4 and space.knobs["0:panel_outer_rows"].default == 3
+    cfg = space.realize({**space.default, "0:panel_outer_l2": eighths, "0:panel_outer_rows": rows}).config
     path, tkey = str(tmp_path / "o.db"), target_key(t, 2)
     db = TuningDatabase(path)
     db.add_target(tkey, target_description(t, 2))
@@ -258,7 +259,8 @@ def test_row_blocks_in_either_order_at_run_time(width: str, eighths: int, tmp_pa
         assert c.obj[:4] == b"\x7fELF" and c.tuned
         return
     exe = kiln.compile(model, target=width, num_threads=2, cache=False, tuning=path, dynamic_bounds=bounds)
-    assert [v["config"]["0:panel_outer_l2"] for v in exe.meta["tuned"].values()] == [eighths]
+    assert [(v["config"]["0:panel_outer_l2"], v["config"]["0:panel_outer_rows"])
+            for v in exe.meta["tuned"].values()] == [(eighths, rows)]
     for b, s in ((1, 1), (3, 17), (4, 64), (2, 5)):
         feeds = {"x": np.random.default_rng(b * s).standard_normal((b, s, K)).astype(np.float32)}
         (got,), (want,) = exe.run(feeds), run_ort(model, feeds)
