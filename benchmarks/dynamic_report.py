@@ -25,6 +25,7 @@ import onnxruntime as ort
 import kiln
 from kiln import zoo
 from kiln.cli import parse_bounds
+from kiln.runtime.coreprobe import host_state
 
 SIZES = {  # (batch, seq) or (batch,) per model, as the issue asks
     "bert_base_dynamic": [(b, s) for b in (1, 4) for s in (1, 3, 16, 77, 128, 200, 384, 512)],
@@ -106,8 +107,10 @@ def report(name: str, rounds: int, threads: int, gap: float, sizes: list[tuple[i
         budget = min(1.0, max(0.2, 3 * one))
         samples: dict[str, list[float]] = {k: [] for k in systems}
         order = list(systems)
+        states = []
         for r in range(rounds):
             random.Random(r).shuffle(order)
+            states.append(host_state())  # the vCPUs on one L3 or on two: a schedule may win in one, lose in the other
             for k in order:
                 time.sleep(gap)
                 samples[k] += timed(systems[k], budget)
@@ -115,7 +118,7 @@ def report(name: str, rounds: int, threads: int, gap: float, sizes: list[tuple[i
         rows.append((size, med, err))
         print(f"  {size}: dynamic {med['dynamic']:.3f} ms, static {med['static']:.3f}, onnxruntime "
               f"{med['onnxruntime']:.3f}" + (f", dynamic tuned {med['tuned']:.3f}" if tuned else "") +
-              f"  (err {err:.1e})", flush=True)
+              f"  (err {err:.1e}; host per round: {', '.join(states)})", flush=True)
     print(f"\nstatic compile per size: median {statistics.median(static_s):.2f} s; dynamic once: {dyn_s:.2f} s "
           f"= {dyn_s / statistics.median(static_s):.2f}× one static compile\n")
     extra = " Kiln dynamic tuned ms | tuned ÷ static | tuned ÷ onnxruntime |" if tuned else ""

@@ -412,7 +412,7 @@ def test_run_time_rows_of_packed_weights_end_on_tail_tiles(width: str) -> None:
     (k,) = [k for k in c.program.kernels if k.name.endswith("packedmatmul")]
     assert not [b for b in k.scratch if re.fullmatch(r"b\d+p\d+", b.name)], k.scratch
     # one tail If for each of the 4-, 3- and 1-row tails below the full tile's rows (AVX-512: 8, AVX2: 6, SSE: 5),
-    # for each panel width (the last panel of 40 columns may be narrower)
+    # for each panel width (the last panel of 40 columns may be narrower: more than an eighth of them, all tails)
     tails = [s for s in _stmts(k.body) if isinstance(s, If) and s.share is not None]
     assert len(tails) in (3, 6), (width, len(tails))
     exe = compiled_once(model, width, bounds)
@@ -420,6 +420,24 @@ def test_run_time_rows_of_packed_weights_end_on_tail_tiles(width: str) -> None:
         check_sizes(exe, model, [{"batch": 1, "seq": s} for s in (1, 2, 3, 4, 5, 7, 9, 11, 12, 13, 17, 40)]
                     + [{"batch": 3, "seq": 19}, {"batch": 2, "seq": 36}])
 
+
+
+def test_a_narrow_last_panel_of_many_keeps_only_the_smallest_tail(width: str) -> None:
+    """A narrow last panel that is at most an eighth of the columns (N = 264: 8 columns past whole 16- or 32-column
+    panels) runs its last row block on the full tile clamped except for one row (the 1-row tail): one tail If more
+    than the full panels' 4-, 3- and 1-row tails. Sizes whose last block lands on each case, against onnxruntime."""
+    from kiln.compiler import check_options, lower
+    from kiln.target import resolve
+    model, bounds = long_rows_model(k=64, n=264), {"batch": (1, 3), "seq": (1, 40)}
+    c = lower(model, resolve(width), 2, check_options({}), dynamic_bounds=bounds, stop_after="kernels")
+    (k,) = [k for k in c.program.kernels if k.name.endswith("packedmatmul")]
+    (nr,) = {b.shape[-1] for b in k.args if len(b.shape) == 3 and b.shape[1] == 64}  # packed panels [N/NR, K, NR]
+    tails = [s for s in _stmts(k.body) if isinstance(s, If) and s.share is not None]
+    assert len(tails) == (4 if 264 % nr else 3), (width, nr, len(tails))
+    exe = compiled_once(model, width, bounds)
+    if exe is not None:
+        check_sizes(exe, model, [{"batch": 1, "seq": s} for s in (1, 2, 3, 4, 5, 7, 9, 10, 17, 40)]
+                    + [{"batch": 3, "seq": 11}])
 
 
 def test_reduction_split_gives_short_tiles_enough_fma_chains() -> None:
