@@ -40,6 +40,8 @@ def _vector_constant(elem: ir.Type, values: tuple, spelled: tuple[str, ...]) -> 
 
 
 def splat_constant(t: ir.VectorType, v: float | int) -> ir.Constant:
+    if type(t) is not ir.VectorType:  # a scalable vector type (codegen/scalable.py) prints its own splats
+        return ir.Constant(t, [v] * t.count)
     return vector_constant(t.element, (v,) * t.count)
 
 

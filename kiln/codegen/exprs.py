@@ -14,7 +14,7 @@ from llvmlite import ir
 
 from kiln.codegen.bf16 import bf16_bits_const, bf16_to_f32, f32_to_bf16, native_rounding
 from kiln.codegen.bounds import BoundsChecker
-from kiln.codegen.constants import poison, vector_constant
+from kiln.codegen.constants import poison, splat_constant, vector_constant
 from kiln.codegen.hoist import emitting_in, hoistable, value_key
 from kiln.codegen.mathfn import VectorMath
 from kiln.kernel.analysis import coef, flat_index, unclamped_index
@@ -601,7 +601,7 @@ class ExprEmitter:
 
     def _fconst(self, t: ir.Type, v: float) -> ir.Value:
         if isinstance(t, ir.VectorType):
-            return vector_constant(t.element, (v,) * t.count)
+            return splat_constant(t, v)
         return ir.Constant(t, v)
 
     def cast(self, e: Cast) -> tuple[ir.Value, bool]:
