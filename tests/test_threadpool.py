@@ -2,9 +2,13 @@
 (ctypes releases the GIL), repeatedly, and every result stays exact."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 
 import numpy as np
+import pytest
 
 import kiln
 from kiln import zoo
@@ -141,3 +145,46 @@ def test_each_chunk_runs_once_and_threads_start_on_their_own_segments() -> None:
             if threads == 2 and chunks == 64:
                 by = dict(ran)
                 assert by[0] == threading.get_ident() and by[32] != by[0], "segments not taken by their owners"
+
+
+
+MOVES_OFF = r"""
+import os, threading
+import numpy as np
+import kiln
+from kiln import zoo
+
+def pinned():  # this process's threads but the caller that may run on one CPU only: the pool's workers
+    out = {}
+    for tid in map(int, os.listdir("/proc/self/task")):
+        if tid != threading.get_native_id():
+            with open(f"/proc/self/task/{tid}/status") as f:
+                allowed = next(line.split(":")[1].strip() for line in f if line.startswith("Cpus_allowed_list"))
+            if allowed.isdigit():
+                out[tid] = int(allowed)
+    return out
+
+model, feeds = zoo.build("conv_dw"), zoo.inputs("conv_dw")
+exe = kiln.compile(model, num_threads=2, cache=False)
+ref = exe.run(feeds)[0]
+(cpu,) = pinned().values()  # one worker
+mine = os.sched_getaffinity(0)
+os.sched_setaffinity(0, {cpu})  # this thread onto the worker's CPU
+for _ in range(5):
+    assert np.array_equal(exe.run(feeds)[0], ref)
+after = pinned()
+assert list(after.values()) != [cpu], (cpu, after)
+os.sched_setaffinity(0, mine)
+print("moved", cpu, "->", list(after.values()))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="pinning needs two CPUs this process may run on")
+def test_a_worker_pinned_to_the_callers_cpu_moves_off_it() -> None:
+    """The pool pins its workers; the caller is the user's thread, not pinned, and the kernel may put it on a
+    worker's CPU (after a compile it often did, for 4–6 runs at half speed). A worker that joins a job published from
+    its own CPU moves to the caller's slot: with the caller held on the worker's CPU, the worker leaves it. In a
+    fresh interpreter: one pool, one worker."""
+    out = subprocess.run([sys.executable, "-c", MOVES_OFF], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "moved" in out.stdout, out.stderr[-2000:]
