@@ -9,12 +9,26 @@ spinning one right before the first runs (the same stalls, every other run)."""
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 
 
 @contextlib.contextmanager
 def one_blas_thread() -> Iterator[None]:
-    from threadpoolctl import threadpool_limits
+    """NumPy's own BLAS only (the library in its wheel's `numpy.libs`): the BLAS that `strategy="library:…"` binds
+    (kiln/library: scipy-openblas32, MKL) keeps the thread count Kiln set — a limit on every BLAS in the process
+    restored MKL's to 2 behind the binding's back."""
+    import numpy as np
+    from threadpoolctl import ThreadpoolController
 
-    with threadpool_limits(limits=1, user_api="blas"):
+    home = os.path.realpath(os.path.dirname(np.__file__)) + ".libs"
+    mine = [c for c in ThreadpoolController().select(user_api="blas").lib_controllers
+            if os.path.dirname(os.path.realpath(c.filepath)) == home]
+    before = [c.num_threads for c in mine]
+    for c in mine:
+        c.set_num_threads(1)
+    try:
         yield
+    finally:
+        for c, n in zip(mine, before):
+            c.set_num_threads(n)
