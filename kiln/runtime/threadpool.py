@@ -13,6 +13,10 @@ the others' from their back: the same thread computes the same rows of an image 
 instead of ~60): with one shared counter any chunk went to either thread, and resnet18 ran 19.7 ms there instead of
 13.1; with segments and row parts, 14.7.
 
+Workers are pinned (worker i to the process's CPU i + 1); the caller, the user's thread, is not. A worker that joins
+a job published from its own CPU moves to the caller's slot, the first CPU (or back to its own, if the caller is
+there now): the two had shared one core for the first runs after a compile, until the kernel moved the caller.
+
 Callers are serialized by a spin lock (two models may run at once from two Python threads: ctypes drops
 the GIL). Synchronisation: one 64-bit state word = gen << 32 | holders << 1 | open. A worker joins the open job by
 CAS (holders + 1) — only then does it read the job's fields — and leaves with an atomic decrement. The
