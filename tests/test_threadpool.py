@@ -147,7 +147,6 @@ def test_each_chunk_runs_once_and_threads_start_on_their_own_segments() -> None:
                 assert by[0] == threading.get_ident() and by[32] != by[0], "segments not taken by their owners"
 
 
-
 MOVES_OFF = r"""
 import os, threading, time
 import numpy as np
