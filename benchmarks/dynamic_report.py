@@ -8,9 +8,9 @@ and onnxruntime running the same dynamic model. One interleaved run per model, 2
 
 For each model: the dynamic executable is compiled once (compile cache off; after an untimed warm-up compile, as
 every static one is; its compile time is the median of that one and two more among the static compiles) and the
-number of compilations it took is read from exe.meta; Kiln's static executable is
-compiled per size (input_shapes=); onnxruntime gets the dynamic model. At every size Kiln dynamic is checked against
-onnxruntime (max|Δ| / max|ref| ≤ 1e-4) before timing.
+number of compilations it took is read from exe.meta; Kiln's static executable is compiled per size (input_shapes=);
+onnxruntime gets the dynamic model. At every size Kiln dynamic is checked against onnxruntime (max|Δ| / max|ref| ≤
+1e-4) before timing.
 Rounds run the three systems in a shuffled order, each after an idle gap (runtimes spin their pools after a call).
 Prints a markdown table: median ms, and the ratios the issue's bar names (dynamic ÷ static ≤ 1.1, ÷ ORT ≤ 1.0)."""
 from __future__ import annotations
@@ -73,8 +73,8 @@ def report(name: str, rounds: int, threads: int, gap: float, sizes: list[tuple[i
     model = zoo.build(name)
     # a warm-up compile, not timed: the first compile of a process also imports Kiln's passes and fills its caches
     # (~0.1 s), which would be charged to the dynamic build alone — every compile timed below is a warm one
-    kiln.compile(model, num_threads=threads, cache=False, input_shapes=dict(zip(
-        [v.name for v in model.graph.input], [s.shape for s in feeds_for(model, sizes[0]).values()])), tuning="off")
+    kiln.compile(model, num_threads=threads, cache=False,
+                 input_shapes={k: v.shape for k, v in feeds_for(model, sizes[0]).items()}, tuning="off")
     t = time.perf_counter()
     dyn = kiln.compile(model, num_threads=threads, cache=False, dynamic_bounds=bounds, tuning="off")
     dyn_s = [time.perf_counter() - t]

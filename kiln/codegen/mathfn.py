@@ -39,8 +39,7 @@ class VectorMath:
                                     1.6666665459e-1, 5.0000001201e-1])
         y = b.fadd(self.fma(p, b.fmul(r, r), r), _c(t, 1.0))
         vi = ir.VectorType(I32, t.count)
-        scale = b.bitcast(b.shl(b.add(b.fptosi(n, vi), _c(vi, 127)),
-                                _c(vi, 23)), t)
+        scale = b.bitcast(b.shl(b.add(b.fptosi(n, vi), _c(vi, 127)), _c(vi, 23)), t)
         out = b.fmul(y, scale)
         # past float32's range: +inf above ln(FLT_MAX), 0 below ln(FLT_MIN) (the clamp alone gave e^±87)
         out = b.select(b.fcmp_ordered(">", x, _c(t, 88.72283)), _c(t, float("inf")), out)
