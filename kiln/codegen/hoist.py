@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 from llvmlite import ir
 
-from kiln.kernel.ir import Addr, Bin, Const, Expr, Load, LocalRef, Reduce, Sym, children, is_float
+from kiln.kernel.ir import Addr, Bin, Const, Expr, Load, LocalRef, Reduce, Select, Sym, children, is_float
 
 
 @contextmanager
@@ -33,11 +33,14 @@ def emitting_in(b: ir.IRBuilder, block: ir.Block) -> Iterator[None]:
 
 def positive(e: Expr) -> bool:
     """Is the integer expression ≥ 1 at run time, by its form: a symbolic dim (bounds start at 1), a positive
-    constant, sums and products of such, a ceiling division ⌈x / d⌉ of one (a run-time tile count)?"""
+    constant, sums and products of such, a ceiling division ⌈x / d⌉ of one (a run-time tile count), a select
+    between two such (a stride of either tile order: schedule/tile.py)?"""
     if isinstance(e, Sym):
         return True
     if isinstance(e, Const):
         return e.value > 0
+    if isinstance(e, Select):
+        return positive(e.a) and positive(e.b)
     if not isinstance(e, Bin):
         return False
     if e.op == "*":
