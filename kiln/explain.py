@@ -55,7 +55,7 @@ def compare_strategies(model: onnx.ModelProto, node: str | None, num_threads: in
         k = c.program.kernels[idx]
         built = ", ".join(f"{n}: {how}" for n, how in k.strategies.items()) or "no anchor in this kernel"
         asm = emit_assembly(optimize(c.llvm_ir, tgt), tgt)
-        fns = [c.kernel_functions[idx]] + sorted(k.extern_ir)
+        fns = [c.kernel_functions[idx]] + sorted(k.extern_ir) + sorted(k.shared_ir)
         loop = hot_loop(function_asm(asm, fns))
         counts = mix(loop)
         where = "in " + ", ".join(k.symbols) + " (library code, not shown)" if k.symbols and not loop else \

@@ -90,6 +90,10 @@ class ExprEmitter:
         # pure expressions (no memory access) already emitted in the current block, by the values of their free
         # variables: an unrolled tile re-emits each row's index arithmetic otherwise (resnet18: 240k instructions)
         self._emitted: dict[tuple, tuple[ir.Value, bool]] = {}
+        # the block whose values dominate a block's (an If's arms and the block after it: the block it branched
+        # from), recorded by the statement emitter: a guarded row store reuses its tile's index arithmetic instead
+        # of re-emitting it in a block of its own (a dynamic GEMM's 16 guarded rows per kernel)
+        self.dominator: dict[ir.Block, ir.Block] = {}
         self._free: dict[Expr, tuple[str, ...] | None] = {}
         self._split: dict[tuple, tuple[Expr, tuple[tuple[str, int], ...]]] = {}
         self._loads: dict[tuple, tuple[ir.Value, bool]] = {}
@@ -187,13 +191,23 @@ class ExprEmitter:
             names = self.free_vars(e)
             if names is not None:
                 vec = self.vec
-                key = (e, self.b.block, tuple(value_key(self.env.get(n)) for n in names),
-                       (vec.var, vec.lanes, value_key(vec.base)) if vec is not None and vec.var.name in names else None)
-                hit = self._emitted.get(key)
+                lanes = (vec.var, vec.lanes, value_key(vec.base)) if vec is not None and vec.var.name in names else None
+                rest = (tuple(value_key(self.env.get(n)) for n in names), lanes)
+                hit = self.emitted((e,), rest)
                 if hit is None:
-                    hit = self._emitted[key] = self._ev(e)
+                    hit = self._emitted[(e, self.b.block, *rest)] = self._ev(e)
                 return hit
         return self._ev(e)
+
+    def emitted(self, head: tuple, rest: tuple) -> Any:
+        """The value cached under (*head, block, *rest) for the current block or a block dominating it, or None."""
+        block: ir.Block | None = self.b.block
+        while block is not None:
+            hit = self._emitted.get((*head, block, *rest))
+            if hit is not None:
+                return hit
+            block = self.dominator.get(block)
+        return None
 
     def bind_loop_var(self, name: str, i: ir.Value) -> None:
         """Loop variable `name` is `i` from the current block on (the loop body's first block)."""
@@ -465,10 +479,9 @@ class ExprEmitter:
         """&ptr[flat] (lane 0's element inside a vector loop) as a constant-offset gep on a row pointer emitted once
         per block: one instruction per access of an unrolled tile, not an add and a gep (resnet50: 15k adds)."""
         v, off = self._lane0(self.index_parts, flat)
-        key = ("row", ptr, value_key(v), mt, self.b.block)
-        row = self._emitted.get(key)
+        row = self.emitted(("row", ptr, value_key(v), mt), ())
         if row is None:
-            row = self._emitted[key] = self.b.gep(ptr, [v], source_etype=mt)
+            row = self._emitted[("row", ptr, value_key(v), mt, self.b.block)] = self.b.gep(ptr, [v], source_etype=mt)
         return self.b.gep(row, [ir.Constant(I64, off)], source_etype=mt) if off else row
 
     def affine_split(self, flat: Expr) -> tuple[Expr, tuple[tuple[str, int], ...]]:

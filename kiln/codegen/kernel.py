@@ -171,15 +171,22 @@ class KernelEmitter:
             elif isinstance(s, If):
                 c, is_vec = em.ev(s.cond)
                 assert not is_vec, "If conditions must be uniform"
+                pre = b.block  # dominates both arms and the block after them (em.dominator)
+                if not s.orelse and len(s.body) == 1 and isinstance(s.body[0], Store):
+                    self.address_ahead(em, s.body[0])
                 if not s.orelse:
                     with b.if_then(c):
+                        em.dominator[b.block] = pre
                         self.stmts(b, em, s.body)
                 else:
                     with b.if_else(c) as (then, otherwise):
                         with then:
+                            em.dominator[b.block] = pre
                             self.stmts(b, em, s.body)
                         with otherwise:
+                            em.dominator[b.block] = pre
                             self.stmts(b, em, s.orelse)
+                em.dominator[b.block] = pre
 
     def call(self, b: ir.IRBuilder, em: ExprEmitter, s: Call) -> None:
         """A microkernel (defined in the module, see codegen/module.py) or a library symbol (resolved when
@@ -201,6 +208,17 @@ class KernelEmitter:
         b.call(fn, [p, ir.Constant(I32, int(s.write)), ir.Constant(I32, s.locality), ir.Constant(I32, 1)])
 
     entry_alloca = staticmethod(entry_alloca)  # (scalable.py and sme.py reach it through the emitter)
+
+    def address_ahead(self, em: ExprEmitter, s: Store) -> None:
+        """A guarded store's address arithmetic, emitted ahead of its guard — pure integer arithmetic, safe to run
+        whether or not the store does — where the guarded stores after it reuse it (em.dominator): a tile's guarded
+        rows then share one row address, each adding its constant offset, instead of each block recomputing it."""
+        if em.bounds or isinstance(em, ScalableExprEmitter):
+            return
+        ptr, dtype, shape = em.buffers[s.buf]
+        flat = em.flat(s.index, shape)
+        if em.vec is None or coef(flat, em.vec.var) == 1:
+            em.element_ptr(ptr, flat, MEMORY[dtype])
 
     def store(self, b: ir.IRBuilder, em: ExprEmitter, s: Store) -> None:
         ptr, dtype, shape = em.buffers[s.buf]

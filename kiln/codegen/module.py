@@ -55,7 +55,7 @@ def build_module_text(prog: Program, plan: MemoryPlan, target: Target,
     units' modules (`build_unit_text`)."""
     with opaque_pointers():
         m, called = build_module(prog, plan, target, bounds_check, split)
-        return (str(m) if split else link_extern_ir(str(m), prog.kernels)), called
+        return (shared_definitions(str(m), prog.kernels) if split else link_extern_ir(str(m), prog.kernels)), called
 
 
 def build_unit_text(prog: Program, kernels: list[int], target: Target) -> str:
@@ -71,7 +71,7 @@ def build_unit_text(prog: Program, kernels: list[int], target: Target) -> str:
             k = prog.kernels[i]
             KernelEmitter(m, k, k.name, target=target).emit().linkage = ""  # external: kiln_main is elsewhere
         share_globals(m, define=False)
-        return link_extern_ir(str(m), [prog.kernels[i] for i in kernels])
+        return link_extern_ir(str(m), [prog.kernels[i] for i in kernels], shared=False)
 
 
 def distinct_kernels(prog: Program) -> tuple[list[int], list[str]]:
@@ -101,11 +101,27 @@ def share_globals(m: ir.Module, define: bool) -> None:
         m.globals[DIMS_ACCESSOR].linkage = "internal"
 
 
-def link_extern_ir(text: str, kernels: list[Kernel]) -> str:
-    """Replace the declarations of the microkernels the kernels call with their hand-written definitions."""
+def link_extern_ir(text: str, kernels: list[Kernel], shared: bool = True) -> str:
+    """Replace the declarations of the microkernels the kernels call with their definitions (internal to the
+    module). `shared=False`: a compile unit's — the kernels' shared microkernels (Kernel.shared_ir) stay declared,
+    the entry module defines them (shared_definitions)."""
     defs: dict[str, str] = {}
     for k in kernels:
         defs.update(k.extern_ir)
+        if shared:
+            defs.update(k.shared_ir)
+    return _define(text, defs)
+
+
+def shared_definitions(text: str, kernels: list[Kernel]) -> str:
+    """The entry module of a split build with the kernels' shared microkernels defined once, external: every
+    compile unit calling one links to this definition (codegen/split.py) — instead of compiling its own copy."""
+    defs = {name: re.sub(r"^define internal ", "define ", body, flags=re.M)
+            for k in kernels for name, body in k.shared_ir.items()}
+    return _define(text, defs)
+
+
+def _define(text: str, defs: dict[str, str]) -> str:
     for name, body in defs.items():
         text = re.sub(rf'^declare [^\n]*@"?{re.escape(name)}"?\([^\n]*\n', "", text, flags=re.M)
         # a definition's own intrinsic declarations (llvm.fma.*) may already be in the module: declare once

@@ -271,9 +271,11 @@ class Dot2(Expr):
 
 
 def _cache_hash(cls: type) -> None:
-    """Memoize a frozen dataclass's hash: expressions are trees hashed over and over (dict keys in substitute,
-    walk, the codegen's caches), and the generated __hash__ recomputes the whole tree each time."""
-    field_hash = cls.__hash__
+    """Memoize a frozen dataclass's hash and text: expressions are trees hashed over and over (dict keys in
+    substitute, walk, the codegen's caches), and printed whole (a kernel's text is its identity: codegen/module.py
+    kernel_key) — with shared subtrees, a run-time extent's decode in every index of a dynamic kernel. The generated
+    __hash__ and the __repr__s recompute the whole tree each time."""
+    field_hash, field_repr = cls.__hash__, cls.__repr__
 
     def __hash__(self) -> int:  # noqa: N807
         h = self.__dict__.get("_hash")
@@ -281,9 +283,16 @@ def _cache_hash(cls: type) -> None:
             h = field_hash(self)
             object.__setattr__(self, "_hash", h)
         return h
-    cls.__hash__ = __hash__
-    # the memo is a str hash, salted per process: a pickled expression (sent to a tuning worker) drops it
-    cls.__getstate__ = lambda self: {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
+    def __repr__(self) -> str:  # noqa: N807
+        r = self.__dict__.get("_repr")
+        if r is None:
+            r = field_repr(self)
+            object.__setattr__(self, "_repr", r)
+        return r
+    cls.__hash__, cls.__repr__ = __hash__, __repr__
+    # the hash memo is a str hash, salted per process: a pickled expression (sent to a tuning worker) drops it
+    cls.__getstate__ = lambda self: {k: v for k, v in self.__dict__.items() if k not in ("_hash", "_repr")}
 
 
 for _cls in (Const, Var, Sym, Load, Bin, Un, Select, Cast, LocalRef, Reduce, Addr, Dot4, Dot2):
@@ -575,6 +584,9 @@ class Kernel:
     body: list[Stmt] = field(default_factory=list)
     flops: float = 0.0
     extern_ir: dict[str, str] = field(default_factory=dict)  # microkernel name → its LLVM IR definition
+    # microkernels shared by the model's kernels (a dynamic GEMM's tails: schedule/tail_calls.py): a split build
+    # defines them once, in the entry module, and the compile units only declare them (codegen/module.py)
+    shared_ir: dict[str, str] = field(default_factory=dict)
     symbols: list[str] = field(default_factory=list)         # library symbols resolved at load (kiln/library)
     strategies: dict[str, str] = field(default_factory=dict)  # anchor node → how it was actually built
     decisions: Any = None  # the schedule's knob values and domains (schedule/config.py: Decisions)

@@ -35,6 +35,7 @@ from kiln.schedule.config import Config, Decisions, powers_of_two
 from kiln.schedule.guards import interior_swap
 from kiln.schedule.primitives import compute_to_loops, fuse, parallel, rename, split, vectorize
 from kiln.schedule.reorder import schedule_reorder
+from kiln.schedule.tail_calls import tail_calls
 from kiln.schedule.tile import TileShape, choose_tile, tile_compute
 from kiln.schedule.winograd import schedule_winograd
 from kiln.target import Target
@@ -217,7 +218,7 @@ def schedule_symbolic(k: Kernel, c: Compute, tag: str, target: Target, threads: 
         if shape is not None:
             if node is not None:
                 k.strategies.setdefault(node, "direct")
-            return regime_tiles(k, c, shape, tag, threads if options.get("parallel", True) else 1, dec)
+            return regime_tiles(k, c, shape, tag, target, threads if options.get("parallel", True) else 1, dec)
     plain = {h: v for h, v in c.hints.items() if h not in ("reorder", "winograd", "int8", "strategy")}
     c = Compute(c.out, c.axes, c.extents, c.body, c.store, plain)
     opts = {**options, "register_tile": False}
@@ -266,9 +267,14 @@ TAIL_ROWS = (8, 4, 3, 1)
 # 1-row nest of its own — the same speed, 5% more LLVM time). Its 8-, 4- and 3-row tails measured 0.96–0.99× at
 # gpt_decoder's 1×3 … 1×200 for 10% more LLVM time
 PRODUCT_TAIL_ROWS = (1,)
+# the tails that call a shared microkernel instead (schedule/tail_calls.py): the 3-row one (the same speed, gpt_decoder
+# 1×2 … 4×3 0.98–1.01×; the model's compile 0.52 → 0.51 s). The 4-row tail ran 1.02–1.05× slower called (1×4,
+# 4×4: the C tile's round trip through memory and the call, on a K = 256 tile) for another 0.01 s: it stays emitted
+TAIL_CALL_ROWS = (3,)
 
 
-def regime_tiles(k: Kernel, c: Compute, shape: TileShape, tag: str, threads: int, dec: Decisions) -> list[Stmt]:
+def regime_tiles(k: Kernel, c: Compute, shape: TileShape, tag: str, target: Target, threads: int,
+                 dec: Decisions) -> list[Stmt]:
     """The register tile of a compute with run-time extents; when its rows M are a symbolic dim, one nest of full
     MR-row tiles whose last row block runs on a tail tile picked at run time (DietCode's shape-generic micro-kernels,
     here by hand from the registers):
@@ -283,7 +289,16 @@ def regime_tiles(k: Kernel, c: Compute, shape: TileShape, tag: str, threads: int
     M = c.extents[shape.m_axis]
     rows = TAIL_ROWS if "nr" in c.hints else PRODUCT_TAIL_ROWS
     tails = tuple(r for r in rows if r < shape.mr) if is_symbolic(M) and not shape.flatten_rows else ()
-    return _small_on_caller(tile_compute(k, c, shape, tag, threads, None, dec, tails=tails), c)
+    calls = None
+    # the knob `tail_calls`: a packed GEMM's tails of more than one row call the shared microkernels (tail_calls.py)
+    if "nr" in c.hints and any(r in TAIL_CALL_ROWS for r in tails) and dec.knob("tail_calls", True, (False, True)):
+        red = next(e for e in walk(c.body) if isinstance(e, Reduce))
+        calls = tail_calls(k, c, red, c.axes[shape.m_axis], c.axes[shape.n_axis], shape.nr, target,
+                           tuple(r for r in tails if r in TAIL_CALL_ROWS), shape.prefetch)
+        node = c.hints.get("node")
+        if calls is not None and node is not None and k.strategies.get(node) == "direct":
+            k.strategies[node] = "direct (tails " + ", ".join(f"{r}-row" for r in calls.kernels) + ": microkernel)"
+    return _small_on_caller(tile_compute(k, c, shape, tag, threads, None, dec, tails=tails, calls=calls), c)
 
 
 def _small_on_caller(nest: list[Stmt], c: Compute) -> list[Stmt]:
@@ -347,7 +362,7 @@ def schedule_kernel(k: Kernel, target: Target, threads: int, options: dict[str, 
     """Schedule every compute of `k`. `config` (a tuned record, a search candidate: schedule/config.py) sets the
     knobs by name, "<compute index>:<knob>"; the decisions taken are left in `k.decisions`."""
     dec = config if isinstance(config, Decisions) else Decisions(config or {})
-    k.body = []
+    k.body, k.shared_ir = [], {}
     for i, c in enumerate(k.computes):
         nest = schedule_compute(k, c, str(i), target, threads, options, dec.at(i))
         k.body += split_parallel(nest, dec, threads)
@@ -389,6 +404,7 @@ def schedule_program(kernels: list[Kernel], target: Target, threads: int, option
             continue
         k.body, k.scratch, k.decisions = done.body, list(done.scratch), done.decisions
         k.extern_ir, k.symbols, k.fallbacks = dict(done.extern_ir), list(done.symbols), list(done.fallbacks)
+        k.shared_ir = dict(done.shared_ir)
         for mine, theirs in zip(k.computes, done.computes):
             for mine_map, their_map in ((k.strategies, done.strategies), (k.precision, done.precision)):
                 how = their_map.get(theirs.hints.get("node", theirs.out))

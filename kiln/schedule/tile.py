@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -62,6 +63,9 @@ from kiln.schedule.prefetch import DISTANCES as PREFETCH_DISTANCES
 from kiln.schedule.prefetch import prefetch_ahead, prefetch_knob, prefetch_panel, streamed_loads
 from kiln.schedule.primitives import combine
 from kiln.target import Target
+
+if TYPE_CHECKING:
+    from kiln.schedule.tail_calls import TailCalls
 
 # a blocked input's channel loop is unrolled in runs of at most this many FMAs (see tile_compute): AVX2 6×16 tiles
 # unroll 16-channel blocks whole (192 FMAs), AVX-512 14×32 tiles 8 of their 32 channels (224)
@@ -298,7 +302,10 @@ def flatten_rows(c: Compute) -> Compute:
 
 def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
                  schedule_plain: Callable[[Compute, str], list[Stmt]] | None = None,
-                 dec: Decisions | None = None, tails: tuple[int, ...] = ()) -> list[Stmt]:
+                 dec: Decisions | None = None, tails: tuple[int, ...] = (),
+                 calls: TailCalls | None = None) -> list[Stmt]:
+    """`tails`: over run-time rows, the tail tiles' heights (schedule/default.py: regime_tiles); `calls`: those of
+    them that call a shared microkernel instead (schedule/tail_calls.py)."""
     dec = dec if dec is not None else Decisions()
     if t.flatten_rows:
         c = flatten_rows(c)
@@ -507,6 +514,14 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
         return Loop(ni, n_ext, [Local(acc, red.dtype, init_value("sum", red.dtype), rows * split), *reduce,
                                 Loop(mi, Const(rows, "int64"), [store], "unroll")], "vector", width, masked=not whole)
 
+    def called_epilogue(ct: str, rows: int) -> Stmt:
+        """The epilogue of called tails (tail_calls.py), from their C tile; rows past M not stored."""
+        value = substitute(c.body, {red: Load(ct, (mi, ni), red.dtype), m_v: m_expr, n_v: n_expr})
+        store = If(cmp("<", m_expr, as_extent(M)),
+                   [Store(c.out, substitute_all(c.store_index, {m_v: m_expr, n_v: n_expr}), value)])
+        whole = isinstance(n_ext, Const) and int(n_ext.value) % t.nr == 0
+        return Loop(ni, n_ext, [Loop(mi, Const(rows, "int64"), [store], "unroll")], "vector", t.nr, masked=not whole)
+
     def tiles_of(width: int, n_ext: Expr, tails: tuple[int, ...] = tails) -> list[Stmt]:
         # full row blocks run a tile without clamps or guards: its MR rows are one base + constant offsets; a tile
         # that reads only inside a padded input runs without the padding's masks (guards.py)
@@ -523,10 +538,19 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
             # the last, partial row block (M − mo·MR rows left) on the smallest `tails` tile that covers it; the full
             # tile on the common side (`If.body`), each side weighed by its share of the row blocks (`If.share`)
             left = as_extent(M) - mo * t.mr
-            taller_first = sorted(tails, reverse=True)
-            for rows, fewer in zip(taller_first, [*taller_first[1:], 0]):
-                stmt = If(cmp(">", left, Const(rows, "int64")), [stmt],
-                          [tile(True, tile_term(True), width, n_ext, rows)], tail_share(M, t.mr, fewer, rows))
+            # consecutive called tails share one C tile and one epilogue: groups of heights, taller first
+            called = calls.kernels if calls is not None and width == t.nr else {}
+            groups: list[list[int]] = []
+            for rows in sorted(tails, reverse=True):
+                if groups and rows in called and groups[-1][0] in called:
+                    groups[-1].append(rows)
+                else:
+                    groups.append([rows])
+            for group, fewer in zip(groups, [*(g[0] for g in groups[1:]), 0]):
+                rows = group[0]
+                tail = calls.stmts(group, left, mo * t.mr, no * t.nr, tag, called_epilogue) if rows in called \
+                    else [tile(True, tile_term(True), width, n_ext, rows)]
+                stmt = If(cmp(">", left, Const(rows, "int64")), [stmt], tail, tail_share(M, t.mr, fewer, rows))
             return [stmt]
         if M % t.mr and packed is None:
             # a static M's last row block computes only its M % MR rows (gemm_odd at AVX2: 3 rows, not 6 clamped)

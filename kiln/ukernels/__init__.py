@@ -97,6 +97,25 @@ def _kernel(isa: str, mr: int, cols: int, panel: int | None = None) -> UKernel:
 
 
 @functools.cache
+def _rows_kernel(isa: str, mr: int, prefetch_steps: int) -> UKernel:
+    width, _, nr = X86_FAMILIES[isa]
+    name = kernel_name(isa, mr, nr, rows_a=True) + f"_p{prefetch_steps}"
+    text = x86_kernel_ir(isa, mr, nr, width, prefetch_steps=prefetch_steps, rows_a=True, name=name)
+    return UKernel(name, mr, nr, isa, text, nr)
+
+
+def rows_ukernel_for(target: Target, mr: int, panel: int, prefetch_steps: int) -> UKernel | None:
+    """The family's `mr`-row kernel reading A in place (kiln/ukernels/x86.py, `rows_a`: two more arguments,
+    `i64 lda, i64 rows`) for B panels `panel` columns wide, prefetching B `prefetch_steps` k-steps ahead (0: none),
+    named kiln_ukr_<isa>_f32_<MR>x<NR>_ra_p<steps>; None but for x86 families, their own panel width and rows."""
+    isa = isa_of(target)
+    if isa not in X86_FAMILIES:
+        return None
+    _, main_mr, nr = X86_FAMILIES[isa]
+    return _rows_kernel(isa, mr, prefetch_steps) if panel == nr and 1 <= mr <= main_mr else None
+
+
+@functools.cache
 def _pack(isa: str, mr: int) -> PackKernel:
     width = X86_FAMILIES[isa][0]
     return PackKernel(pack_name(isa, mr), mr, isa, x86_pack_ir(isa, mr, width))

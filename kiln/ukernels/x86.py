@@ -32,24 +32,31 @@ LATENCY_CHAINS = 8  # independent FMA chains that keep Zen 4's FMA pipes busy (2
 PREFETCH_STEPS = 8   # how far ahead (in k steps) B is prefetched (measured: 0, 8, 24 within noise on Zen 4)
 
 
-def kernel_name(isa: str, mr: int, nr: int, cols: int | None = None) -> str:
+def kernel_name(isa: str, mr: int, nr: int, cols: int | None = None, rows_a: bool = False) -> str:
     """kiln_ukr_<isa>_f32_<MR>x<NR>; a narrow edge kernel computing only the first `cols` columns of NR-wide
-    panels is kiln_ukr_<isa>_f32_<MR>x<cols>_b<NR>."""
-    return f"kiln_ukr_{isa}_f32_{mr}x{nr}" if cols in (None, nr) else f"kiln_ukr_{isa}_f32_{mr}x{cols}_b{nr}"
+    panels is kiln_ukr_<isa>_f32_<MR>x<cols>_b<NR>; one reading A in place (`rows_a`) ends in _ra."""
+    name = f"kiln_ukr_{isa}_f32_{mr}x{nr}" if cols in (None, nr) else f"kiln_ukr_{isa}_f32_{mr}x{cols}_b{nr}"
+    return name + "_ra" if rows_a else name
 
 
 def x86_kernel_ir(isa: str, mr: int, nr: int, width: int, unroll: int = UNROLL,
-                  prefetch_steps: int = PREFETCH_STEPS, cols: int | None = None) -> str:
+                  prefetch_steps: int = PREFETCH_STEPS, cols: int | None = None, rows_a: bool = False,
+                  name: str | None = None) -> str:
     """The LLVM IR definition of one MR×NR kernel with W-lane vectors (a fixed kernel; this only writes out
     its unrolled rows). `cols` < NR: the narrow edge kernel for a last panel with ≤ cols valid columns — it
-    computes and stores only C[:, :cols] (B rows still NR floats apart), saving the FMAs of the empty half."""
+    computes and stores only C[:, :cols] (B rows still NR floats apart), saving the FMAs of the empty half.
+
+    `rows_a`: A read in place — MR rows of a row-major matrix, not a packed panel — with two more arguments,
+    `i64 lda, i64 rows`: A[k][i] is A[min(i, rows − 1)·lda + k] (rows past `rows` repeat the last, as the packing
+    kernel's do). A dynamic build's GEMM tails call these (schedule/tail_calls.py): a few rows, where packing them
+    would cost as much as their tile."""
     cols = nr if cols is None else cols
     if nr % width or cols % width or not 0 < cols <= nr or mr < 1 or unroll < 1:
         raise ValueError(f"bad microkernel shape {mr}x{cols} of {nr} for {width}-lane vectors (unroll {unroll})")
     nv = cols // width
     fused = isa != "sse"
     vt = f"<{width} x float>"
-    name = kernel_name(isa, mr, nr, cols)
+    name = name or kernel_name(isa, mr, nr, cols, rows_a)
     accs = [(i, v) for i in range(mr) for v in range(nv)]
     out: list[str] = []
     emit = out.append
@@ -62,8 +69,11 @@ def x86_kernel_ir(isa: str, mr: int, nr: int, width: int, unroll: int = UNROLL,
             emit(f"  %b.{tag}.{v} = load {vt}, ptr %bp.{tag}.{v}, align 4")
         new: dict[tuple[int, int], str] = {}
         for i in range(mr):
-            emit(f"  %ao.{tag}.{i} = add i64 %ka.{tag}, {i}")
-            emit(f"  %ap.{tag}.{i} = getelementptr float, ptr %A, i64 %ao.{tag}.{i}")
+            if rows_a:
+                emit(f"  %ap.{tag}.{i} = getelementptr float, ptr %arow.{i}, i64 {k}")
+            else:
+                emit(f"  %ao.{tag}.{i} = add i64 %ka.{tag}, {i}")
+                emit(f"  %ap.{tag}.{i} = getelementptr float, ptr %A, i64 %ao.{tag}.{i}")
             emit(f"  %a.{tag}.{i} = load float, ptr %ap.{tag}.{i}, align 4")
             emit(f"  %ai.{tag}.{i} = insertelement {vt} poison, float %a.{tag}.{i}, i64 0")
             emit(f"  %as.{tag}.{i} = shufflevector {vt} %ai.{tag}.{i}, {vt} poison, <{width} x i32> zeroinitializer")
@@ -79,12 +89,21 @@ def x86_kernel_ir(isa: str, mr: int, nr: int, width: int, unroll: int = UNROLL,
         return new
 
     def offsets(k: str, tag: str) -> None:
-        emit(f"  %ka.{tag} = mul i64 {k}, {mr}")
+        if not rows_a:
+            emit(f"  %ka.{tag} = mul i64 {k}, {mr}")
         emit(f"  %kb.{tag} = mul i64 {k}, {nr}")
 
+    extra = ", i64 %lda, i64 %rows" if rows_a else ""
     emit(f"define internal void @{name}(ptr noalias nocapture readonly %A, ptr noalias nocapture readonly %B, "
-         f"ptr noalias nocapture %C, i64 %ldc, i64 %K, i32 %accumulate) nounwind noinline {{")
+         f"ptr noalias nocapture %C, i64 %ldc, i64 %K, i32 %accumulate{extra}) nounwind noinline {{")
     emit("entry:")
+    if rows_a:  # the rows' addresses, the last one repeated past `rows`
+        emit("  %last = sub i64 %rows, 1")
+        for i in range(mr):
+            emit(f"  %lt.{i} = icmp slt i64 {i}, %rows")
+            emit(f"  %ri.{i} = select i1 %lt.{i}, i64 {i}, i64 %last")
+            emit(f"  %ro.{i} = mul i64 %ri.{i}, %lda")
+            emit(f"  %arow.{i} = getelementptr float, ptr %A, i64 %ro.{i}")
     emit("  %acc.on = icmp ne i32 %accumulate, 0")
     emit("  br i1 %acc.on, label %loadc, label %start")
     emit("loadc:")
