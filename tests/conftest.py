@@ -21,6 +21,10 @@ from onnx import helper, numpy_helper
 import kiln
 from kiln.target import X86_WIDTHS, resolve, runs_here
 
+# the graph is verified after every pass here (a user's compile checks it once, after the last pass): a pass that
+# breaks it fails its test by name
+os.environ.setdefault("KILN_VERIFY_EACH_PASS", "1")
+
 TINY = 1e-6
 T = onnx.TensorProto
 NP_TO_ONNX = {np.dtype(k): v for k, v in {"float32": T.FLOAT, "float64": T.DOUBLE, "int64": T.INT64,

@@ -208,3 +208,28 @@ def test_every_imported_operator_has_a_test() -> None:
     quoted = set(re.findall(r'"([A-Z][A-Za-z0-9]+)"', text))
     missing = sorted(set(IMPORTERS) - quoted)
     assert not missing, f"operators with an importer but no test in test_ops_*/test_backend_ops: {missing}"
+
+
+@pytest.mark.parametrize("each", ["1", "0"])
+def test_a_pass_that_breaks_the_graph_is_caught(each: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Graph.verify after every pass with $KILN_VERIFY_EACH_PASS=1 (the suite's default: the error names the
+    pass), else once after the last pass — still a ModelError, never a silently wrong graph."""
+    from kiln.errors import ModelError
+    from kiln.frontend.onnx import import_onnx
+    from kiln.graph import passes
+    from kiln.target import host
+
+    def scramble_order(g):  # noqa: ANN001, ANN202 — a broken pass: consumers before their producers
+        g.nodes.reverse()
+        return g
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Neg", ["a"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [4])]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    monkeypatch.setenv("KILN_VERIFY_EACH_PASS", each)
+    monkeypatch.setattr(passes, "GRAPH_PASSES", [passes.GRAPH_PASSES[1], ("scramble", scramble_order),
+                                                 *passes.GRAPH_PASSES[2:]])
+    where = "scramble_order" if each == "1" else r"the graph passes \(the last: materialize_outputs"
+    with pytest.raises(ModelError, match=rf"after {where}.*Neg.*reads %\S*, which is not defined before it"):
+        passes.run_graph_passes(import_onnx(model), {}, host())
