@@ -53,9 +53,10 @@ def test_called_tails_match_onnxruntime_at_every_row_count(width: str) -> None:
     # the x86 families have the kernels: each GEMM's called tails (and nothing else) call them, defined as shared
     assert isa_of(resolve(width)) is not None
     assert called and all(fn.endswith("_ra_p" + fn.rsplit("_p", 1)[1]) for fn in called), called
-    assert {int(fn.split("_f32_")[1].split("x")[0]) for fn in called} == set(TAIL_CALL_ROWS)
+    heights = sorted({int(fn.split("_f32_")[1].split("x")[0]) for fn in called}, reverse=True)
+    assert 3 in heights and set(heights) <= set(TAIL_CALL_ROWS)  # (6 rows only below an 8-row full tile: AVX-512)
     assert {fn for k in prog.kernels for fn in k.shared_ir} == set(called)
-    rows = ", ".join(f"{r}-row" for r in TAIL_CALL_ROWS)
+    rows = ", ".join(f"{r}-row" for r in heights)
     assert sorted(how for k in prog.kernels for how in k.strategies.values()) == \
         [f"direct (tails {rows}: microkernel)"] * 2  # exe.meta["strategies"] says so, for both GEMMs
     if not width_runs(width):
@@ -65,7 +66,7 @@ def test_called_tails_match_onnxruntime_at_every_row_count(width: str) -> None:
     exe = kiln.compile(model, target=width, num_threads=2, cache=False, dynamic_bounds=bounds)
     assert exe.meta["compilations"] == 1
     # every remainder of seq over the full tile's rows (8 at AVX-512, 6 at AVX2 and SSE), at one and three entries
-    for i, (b, s) in enumerate([(1, s) for s in range(1, 10)] + [(3, 2), (3, 3), (3, 11), (2, 20)]):
+    for i, (b, s) in enumerate([(1, s) for s in range(1, 10)] + [(3, 2), (3, 3), (3, 5), (3, 11), (2, 20)]):
         x = np.random.default_rng(i).standard_normal((b, s, K1)).astype(np.float32)
         (want,), (got,) = run_ort(model, {"x": x}), exe.run({"x": x})
         assert_close(got, want, RTOL, f"batch {b}, seq {s}")

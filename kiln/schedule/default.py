@@ -258,19 +258,25 @@ SYMBOLIC_CHUNK = 2048
 # the tail tiles of a register tile over run-time rows (a symbolic M): one nest of full tiles, its last, partial
 # row block on the smallest tail (below the full tile's rows) that covers it, picked at run time, so at most a few
 # rows of FMAs are wasted at any M. A GEMM with packed weights (full tiles of 8 rows, tile.py: RUN_TIME_MR): 77 rows
-# run 9 full tiles and the full tile clamped (80 rows), 16 two full tiles, 9 one and a 1-row tail. Before, the whole
+# run 9 full tiles and a 6-row tail (5 rows), 16 two full tiles, 9 one and a 1-row tail. Before, the whole
 # M ran on one of 14, 8, 4, 3 or 1 rows picked by a row-steps cost (77 rows: 84 on 14-row tiles): the tails measured
 # 0.95–0.96× that at 1×77, 4×77 and 1×200 tokens of gpt_decoder and bert_base, 0.98× at 4 × 512, equal at 1–16
-# tokens (Zen 5, one interleaved A/B run), and with one nest instead of five the model's LLVM time 1.06 → 0.77 CPU-s
-TAIL_ROWS = (8, 4, 3, 1)
+# tokens (Zen 5, one interleaved A/B run), and with one nest instead of five the model's LLVM time 1.06 → 0.77 CPU-s.
+# The 6-row tail: 5 or 6 rows left had run the full tile clamped — gpt_decoder 1×5 1.35×, 4×5 1.49×, 1×6 1.26× its
+# static builds; with it 0.85–0.87× that (one interleaved run)
+TAIL_ROWS = (8, 6, 4, 3, 1)
+# the tails that call a shared microkernel instead (schedule/tail_calls.py): the 6-, 4- and 3-row ones, one call
+# group — one C tile and one epilogue per kernel for all three —, so the 6-row tail cost the dynamic build almost no
+# compile time (gpt_decoder 0.468 → 0.477 s with it; emitted, 0.46 → 0.49 s), and the called 3-row tail less than
+# the emitted one (0.52 → 0.51 s). Called, the same speed: gpt_decoder 1×2 … 4×4 0.99–1.01× the emitted tails (the
+# microkernel prefetching its panel as far ahead as the emitted tile). The 1-row tail — a decode step's whole GEMM —
+# stays emitted: its epilogue on registers counts there, and it is cheap to compile
+TAIL_CALL_ROWS = (6, 4, 3)
 # an activation × activation product (attention's): the 1-row tail only (a decode step's one query row; before, a
-# 1-row nest of its own — the same speed, 5% more LLVM time). Its 8-, 4- and 3-row tails measured 0.96–0.99× at
-# gpt_decoder's 1×3 … 1×200 for 10% more LLVM time
+# 1-row nest of its own — the same speed, 5% more LLVM time; without it, 1×1 and 4×1 tokens 1.06× slower). Its 8-,
+# 4- and 3-row tails measured 0.96–0.99× at gpt_decoder's 1×3 … 1×200 for 10% more LLVM time; the 4-row one alone
+# 0.95–0.97× at 1×2 … 4×3 for 20% more of these kernels' codegen and LLVM time (one interleaved run each)
 PRODUCT_TAIL_ROWS = (1,)
-# the tails that call a shared microkernel instead (schedule/tail_calls.py): the 3-row one (the same speed, gpt_decoder
-# 1×2 … 4×3 0.98–1.01×; the model's compile 0.52 → 0.51 s). The 4-row tail ran 1.02–1.05× slower called (1×4,
-# 4×4: the C tile's round trip through memory and the call, on a K = 256 tile) for another 0.01 s: it stays emitted
-TAIL_CALL_ROWS = (3,)
 
 
 def regime_tiles(k: Kernel, c: Compute, shape: TileShape, tag: str, target: Target, threads: int,
@@ -280,12 +286,13 @@ def regime_tiles(k: Kernel, c: Compute, shape: TileShape, tag: str, target: Targ
     here by hand from the registers):
 
         for mo < ⌈M/MR⌉:  left = M − mo·MR
-          if left ≤ 1: 1-row tile   elif left ≤ 3: 3-row   elif left ≤ 4: 4-row   (… 8-row if MR > 8)
+          if left ≤ 1: 1-row tile   elif left ≤ 3: 3-row   elif left ≤ 4: 4-row   elif left ≤ 6: 6-row
           else: the MR-row tile, rows past M clamped (read row M − 1, not stored)
-    with TAIL_ROWS for a GEMM with packed weights, PRODUCT_TAIL_ROWS for an activation × activation product. A is
-    read in place (no run-time packing: with 8-row tiles the copy measured slower than the rows' L1 conflicts it
-    saves, gpt_decoder's K = 1024 down-projection 1.06× at 4 × 128); an activation × activation product's tile
-    loops run on the calling thread when small (_small_on_caller)."""
+    with TAIL_ROWS for a GEMM with packed weights — those in TAIL_CALL_ROWS calls of shared microkernels
+    (tail_calls.py) —, PRODUCT_TAIL_ROWS for an activation × activation product. A is read in place (no run-time
+    packing: with 8-row tiles the copy measured slower than the rows' L1 conflicts it saves, gpt_decoder's K = 1024
+    down-projection 1.06× at 4 × 128); an activation × activation product's tile loops run on the calling thread
+    when small (_small_on_caller)."""
     M = c.extents[shape.m_axis]
     rows = TAIL_ROWS if "nr" in c.hints else PRODUCT_TAIL_ROWS
     tails = tuple(r for r in rows if r < shape.mr) if is_symbolic(M) and not shape.flatten_rows else ()

@@ -6,25 +6,26 @@ A dynamic build's packed GEMM keeps its full MR-row tile emitted directly (the e
 registers) and picks a tail tile at run time for the last, partial row block (schedule/default.py: TAIL_ROWS):
 
     before (tile.py: one tile body per tail, each with its own unrolled reduction and epilogue):
-      if left > 4:  MR-row tile
+      if left > 6:  MR-row tile
+      elif left > 4:  6-row tile
       elif left > 3:  4-row tile
       elif left > 1:  for ni vector<NR>:  local acc[6];  for r < K/2, u < 2: acc[u·3 + mi] += A·B (3 rows, K dealt
                       to 2 sets);  for mi < 3: acc[mi] += acc[3 + mi];  for mi < 3: if row0 + mi < M: out = epi(acc[mi])
       else:  1-row tile
-    after (schedule/default.py: TAIL_CALL_ROWS = (3,)):
+    after (schedule/default.py: TAIL_CALL_ROWS = (6, 4, 3), one call group):
       elif left > 1:
-        alloc Ct[3, NR]
-        call kiln_ukr_<isa>_f32_3x<NR>_ra_p<d>(&A[row0, 0], &Bp[panel, 0, 0], Ct, NR, K, 0, lda, left)
-        for ni vector<NR>:  for mi < 3:  if row0 + mi < M:  out[row0 + mi, n] = epi(Ct[mi, ni])
-    (rows past `left` repeat row M − 1 and are not stored; several consecutive called heights share one C tile
-    and one epilogue, the call picked by `left`).
+        alloc Ct[6, NR]
+        if left > 4:    call kiln_ukr_<isa>_f32_6x<NR>_ra_p<d>(&A[row0, 0], &Bp[panel, 0, 0], Ct, NR, K, lda, left)
+        elif left > 3:  call kiln_ukr_<isa>_f32_4x<NR>_ra_p<d>(…)
+        else:           call kiln_ukr_<isa>_f32_3x<NR>_ra_p<d>(…)
+        for ni vector<NR>:  for mi < 6:  if row0 + mi < M:  out[row0 + mi, n] = epi(Ct[mi, ni])
+    (rows past `left` repeat row M − 1 and are not stored; rows past the called kernel's are never stored either).
 
 The microkernels take K, lda and the rows as arguments: a split build compiles each once for the whole model, in
-its entry module (Kernel.shared_ir, codegen/module.py), where a tail body was compiled in every GEMM kernel
-(gpt_decoder's dynamic build: its GEMM kernels 10% less codegen and LLVM time, the whole compile 0.52 → 0.51 s).
-The microkernel prefetches the panel as far ahead as the emitted tile. A 4-row tail called ran 1.02–1.05× slower
-(the C tile's round trip through memory, on K = 256 tiles) and stays emitted, as does the 1-row tail — a decode
-step's whole GEMM, cheap to compile, where the epilogue on registers counts. Applies where A is a plain row-major
+its entry module (Kernel.shared_ir, codegen/module.py), where an emitted tail was compiled in every GEMM kernel, and
+each kernel keeps one epilogue for all its called tails — what made a 6-row tail affordable (schedule/default.py:
+TAIL_ROWS). They prefetch the panel as far ahead as the emitted tile. The 1-row tail — a decode step's whole GEMM —
+stays emitted: cheap to compile, and there the epilogue on registers counts. Applies where A is a plain row-major
 f32 load (unit stride along the one reduction axis, a constant row stride), B a packed f32 weight panel of the
 family's width; elsewhere (a fused prologue on A, a target without the family) the tails stay emitted."""
 from __future__ import annotations
@@ -87,7 +88,7 @@ class TailCalls:
 
         def call(rows: int) -> list[Stmt]:
             return [Call(self.kernels[rows].name, (a_at, b_at, Addr(ct, (_i(0),)), _i(self.nr), _i(self.K),
-                                                   Const(0, "int32"), _i(self.lda), left))]
+                                                   _i(self.lda), left))]
         body = call(rows_desc[-1])
         for rows, fewer in zip(rows_desc[-2::-1], rows_desc[::-1]):
             body = [If(cmp(">", left, _i(fewer)), call(rows), body)]

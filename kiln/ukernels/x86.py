@@ -46,10 +46,11 @@ def x86_kernel_ir(isa: str, mr: int, nr: int, width: int, unroll: int = UNROLL,
     its unrolled rows). `cols` < NR: the narrow edge kernel for a last panel with ≤ cols valid columns — it
     computes and stores only C[:, :cols] (B rows still NR floats apart), saving the FMAs of the empty half.
 
-    `rows_a`: A read in place — MR rows of a row-major matrix, not a packed panel — with two more arguments,
-    `i64 lda, i64 rows`: A[k][i] is A[min(i, rows − 1)·lda + k] (rows past `rows` repeat the last, as the packing
-    kernel's do). A dynamic build's GEMM tails call these (schedule/tail_calls.py): a few rows, where packing them
-    would cost as much as their tile."""
+    `rows_a`: A read in place — MR rows of a row-major matrix, not a packed panel —, C overwritten: the arguments
+    end `i64 lda, i64 rows` instead of `i32 accumulate`, and A[k][i] is A[min(i, rows − 1)·lda + k] (rows past
+    `rows` repeat the last, as the packing kernel's do). A dynamic build's GEMM tails call these
+    (schedule/tail_calls.py): a few rows, where packing them would cost as much as their tile. `name` overrides the
+    family's name (those kernels are named by their prefetch distance too: kiln.ukernels.rows_ukernel_for)."""
     cols = nr if cols is None else cols
     if nr % width or cols % width or not 0 < cols <= nr or mr < 1 or unroll < 1:
         raise ValueError(f"bad microkernel shape {mr}x{cols} of {nr} for {width}-lane vectors (unroll {unroll})")
@@ -93,9 +94,9 @@ def x86_kernel_ir(isa: str, mr: int, nr: int, width: int, unroll: int = UNROLL,
             emit(f"  %ka.{tag} = mul i64 {k}, {mr}")
         emit(f"  %kb.{tag} = mul i64 {k}, {nr}")
 
-    extra = ", i64 %lda, i64 %rows" if rows_a else ""
+    tail = ", i64 %lda, i64 %rows" if rows_a else ", i32 %accumulate"
     emit(f"define internal void @{name}(ptr noalias nocapture readonly %A, ptr noalias nocapture readonly %B, "
-         f"ptr noalias nocapture %C, i64 %ldc, i64 %K, i32 %accumulate{extra}) nounwind noinline {{")
+         f"ptr noalias nocapture %C, i64 %ldc, i64 %K{tail}) nounwind noinline {{")
     emit("entry:")
     if rows_a:  # the rows' addresses, the last one repeated past `rows`
         emit("  %last = sub i64 %rows, 1")
@@ -104,19 +105,23 @@ def x86_kernel_ir(isa: str, mr: int, nr: int, width: int, unroll: int = UNROLL,
             emit(f"  %ri.{i} = select i1 %lt.{i}, i64 {i}, i64 %last")
             emit(f"  %ro.{i} = mul i64 %ri.{i}, %lda")
             emit(f"  %arow.{i} = getelementptr float, ptr %A, i64 %ro.{i}")
-    emit("  %acc.on = icmp ne i32 %accumulate, 0")
-    emit("  br i1 %acc.on, label %loadc, label %start")
-    emit("loadc:")
-    for i in range(mr):
-        emit(f"  %lrow.{i} = mul i64 %ldc, {i}")
-        for v in range(nv):
-            emit(f"  %lo.{i}.{v} = add i64 %lrow.{i}, {v * width}")
-            emit(f"  %lp.{i}.{v} = getelementptr float, ptr %C, i64 %lo.{i}.{v}")
-            emit(f"  %l.{i}.{v} = load {vt}, ptr %lp.{i}.{v}, align 4")
-    emit("  br label %start")
+    if rows_a:  # C is overwritten (no accumulate flag)
+        emit("  br label %start")
+    else:
+        emit("  %acc.on = icmp ne i32 %accumulate, 0")
+        emit("  br i1 %acc.on, label %loadc, label %start")
+        emit("loadc:")
+        for i in range(mr):
+            emit(f"  %lrow.{i} = mul i64 %ldc, {i}")
+            for v in range(nv):
+                emit(f"  %lo.{i}.{v} = add i64 %lrow.{i}, {v * width}")
+                emit(f"  %lp.{i}.{v} = getelementptr float, ptr %C, i64 %lo.{i}.{v}")
+                emit(f"  %l.{i}.{v} = load {vt}, ptr %lp.{i}.{v}, align 4")
+        emit("  br label %start")
     emit("start:")
     for i, v in accs:
-        emit(f"  %s.{i}.{v} = phi {vt} [ zeroinitializer, %entry ], [ %l.{i}.{v}, %loadc ]")
+        loaded = "" if rows_a else f", [ %l.{i}.{v}, %loadc ]"
+        emit(f"  %s.{i}.{v} = phi {vt} [ zeroinitializer, %entry ]{loaded}")
     emit(f"  %kmain = and i64 %K, {-unroll}")
     emit("  %has.main = icmp sgt i64 %kmain, 0")
     emit("  br i1 %has.main, label %main, label %main.done")
@@ -160,21 +165,24 @@ def x86_kernel_ir(isa: str, mr: int, nr: int, width: int, unroll: int = UNROLL,
             dst = f"%r0.{i}.{v}" if s_ == sets - 1 else f"%sum{s_}.{i}.{v}"
             emit(f"  {dst} = fadd {vt} {total}, %d{s_}.{i}.{v}")
             total = dst
-    emit("  %has.rem = icmp slt i64 %kr, %K")
-    emit("  br i1 %has.rem, label %rem, label %store")
-    # remainder: single steps
-    emit("rem:")
-    emit("  %q = phi i64 [ %kr, %main.done ], [ %q.next, %rem ]")
-    for i, v in accs:
-        emit(f"  %rq.{i}.{v} = phi {vt} [ %r0.{i}.{v}, %main.done ], [ %c.r.{i}.{v}, %rem ]")
-    offsets("%q", "r")
-    step("%q", {(i, v): f"%rq.{i}.{v}" for i, v in accs}, "r")
-    emit("  %q.next = add i64 %q, 1")
-    emit("  %q.more = icmp slt i64 %q.next, %K")
-    emit("  br i1 %q.more, label %rem, label %store")
+    if unroll > 1:  # remainder: single steps
+        emit("  %has.rem = icmp slt i64 %kr, %K")
+        emit("  br i1 %has.rem, label %rem, label %store")
+        emit("rem:")
+        emit("  %q = phi i64 [ %kr, %main.done ], [ %q.next, %rem ]")
+        for i, v in accs:
+            emit(f"  %rq.{i}.{v} = phi {vt} [ %r0.{i}.{v}, %main.done ], [ %c.r.{i}.{v}, %rem ]")
+        offsets("%q", "r")
+        step("%q", {(i, v): f"%rq.{i}.{v}" for i, v in accs}, "r")
+        emit("  %q.next = add i64 %q, 1")
+        emit("  %q.more = icmp slt i64 %q.next, %K")
+        emit("  br i1 %q.more, label %rem, label %store")
+    else:  # one step per iteration: no remainder
+        emit("  br label %store")
     emit("store:")
     for i, v in accs:
-        emit(f"  %f.{i}.{v} = phi {vt} [ %r0.{i}.{v}, %main.done ], [ %c.r.{i}.{v}, %rem ]")
+        came = f", [ %c.r.{i}.{v}, %rem ]" if unroll > 1 else ""
+        emit(f"  %f.{i}.{v} = phi {vt} [ %r0.{i}.{v}, %main.done ]{came}")
     for i in range(mr):
         emit(f"  %srow.{i} = mul i64 %ldc, {i}")
         for v in range(nv):
