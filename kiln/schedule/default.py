@@ -297,7 +297,7 @@ def regime_tiles(k: Kernel, c: Compute, shape: TileShape, tag: str, target: Targ
     rows = TAIL_ROWS if "nr" in c.hints else PRODUCT_TAIL_ROWS
     tails = tuple(r for r in rows if r < shape.mr) if is_symbolic(M) and not shape.flatten_rows else ()
     calls = None
-    # the knob `tail_calls`: a packed GEMM's tails of more than one row call the shared microkernels (tail_calls.py)
+    # the knob `tail_calls`: a packed GEMM's tails in TAIL_CALL_ROWS call the shared microkernels (tail_calls.py)
     if "nr" in c.hints and any(r in TAIL_CALL_ROWS for r in tails) and dec.knob("tail_calls", True, (False, True)):
         red = next(e for e in walk(c.body) if isinstance(e, Reduce))
         calls = tail_calls(k, c, red, c.axes[shape.m_axis], c.axes[shape.n_axis], shape.nr, target,
