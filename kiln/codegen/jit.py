@@ -85,9 +85,13 @@ def emit_assembly(mod: llvm.ModuleRef, target: Target) -> str:
 
 def fork() -> int:
     """os.fork() while holding the LLVM lock, so no other thread of this process is inside LLVM at the fork; the
-    child gets a fresh lock (its copy of this one stays held)."""
+    child gets a fresh lock (its copy of this one stays held). And llvmlite's own lock (every binding call takes it):
+    another thread can be in llvmlite outside ours — a garbage-collected module or engine disposed of on whatever
+    thread the collector ran — and a child forked then inherited it held and hung in its first LLVM call (seen in
+    CI: a compile unit stuck in Target.from_triple). Taken here after ours, the order every binding call under ours
+    takes them; the forking thread's copy in the child is released on the way out."""
     global _LOCK
-    with _LOCK:
+    with _LOCK, llvm.ffi.lib._lock:
         pid = os.fork()
     if pid == 0:
         _LOCK = threading.Lock()
