@@ -117,3 +117,39 @@ def test_an_error_here_stops_the_workers(split_small: None, monkeypatch: pytest.
     for pid in pids:
         with pytest.raises(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)  # stopped and reaped
+
+
+def test_fork_waits_for_a_thread_inside_llvmlite() -> None:
+    """A thread holding llvmlite's own lock (inside a binding call) when the compile units fork: jit.fork waits for
+    it, so the child's first LLVM call does not hang on a copy of the lock that no thread of the child will release
+    (CI hung so once). Without the wait the child below never exits."""
+    import threading
+    import time
+
+    import llvmlite.binding as llvm
+
+    from kiln.codegen import jit
+    held, release = threading.Event(), threading.Event()
+
+    def inside_llvmlite() -> None:
+        with llvm.ffi.lib._lock:
+            held.set()
+            release.wait(10)
+    t = threading.Thread(target=inside_llvmlite)
+    t.start()
+    held.wait(10)
+    threading.Timer(0.3, release.set).start()
+    pid = jit.fork()
+    if pid == 0:
+        try:
+            llvm.Target.from_triple(host().triple)  # takes llvmlite's lock
+        finally:
+            os._exit(0)
+    t.join(10)
+    deadline = time.monotonic() + 20
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+    assert done[0] == pid and os.waitstatus_to_exitcode(done[1]) == 0, "the forked child hung in llvmlite"
