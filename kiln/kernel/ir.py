@@ -8,6 +8,7 @@ Expressions are frozen dataclasses: hashable, comparable, printable, and substit
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -275,22 +276,15 @@ def _cache_hash(cls: type) -> None:
     substitute, walk, the codegen's caches), and printed whole (a kernel's text is its identity: codegen/module.py
     kernel_key) — with shared subtrees, a run-time extent's decode in every index of a dynamic kernel. The generated
     __hash__ and the __repr__s recompute the whole tree each time."""
-    field_hash, field_repr = cls.__hash__, cls.__repr__
-
-    def __hash__(self) -> int:  # noqa: N807
-        h = self.__dict__.get("_hash")
-        if h is None:
-            h = field_hash(self)
-            object.__setattr__(self, "_hash", h)
-        return h
-
-    def __repr__(self) -> str:  # noqa: N807
-        r = self.__dict__.get("_repr")
-        if r is None:
-            r = field_repr(self)
-            object.__setattr__(self, "_repr", r)
-        return r
-    cls.__hash__, cls.__repr__ = __hash__, __repr__
+    def memo(slot: str, compute: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        def memoized(self: Any) -> Any:
+            v = self.__dict__.get(slot)
+            if v is None:
+                v = compute(self)
+                object.__setattr__(self, slot, v)
+            return v
+        return memoized
+    cls.__hash__, cls.__repr__ = memo("_hash", cls.__hash__), memo("_repr", cls.__repr__)
     # the hash memo is a str hash, salted per process: a pickled expression (sent to a tuning worker) drops it
     cls.__getstate__ = lambda self: {k: v for k, v in self.__dict__.items() if k not in ("_hash", "_repr")}
 

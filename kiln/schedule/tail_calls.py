@@ -40,7 +40,6 @@ from kiln.kernel.ir import (
     Bin,
     Call,
     Compute,
-    Const,
     Expr,
     If,
     Kernel,
@@ -48,6 +47,7 @@ from kiln.kernel.ir import (
     Reduce,
     Stmt,
     Var,
+    as_extent,
     cmp,
     substitute,
     uses_var,
@@ -55,10 +55,6 @@ from kiln.kernel.ir import (
 from kiln.schedule.tile import simplify_panels
 from kiln.target import Target
 from kiln.ukernels import UKernel, rows_ukernel_for
-
-
-def _i(v: int) -> Const:
-    return Const(int(v), "int64")
 
 
 @dataclass(frozen=True)
@@ -81,17 +77,17 @@ class TailCalls:
         kernel's own epilogue over it."""
         ct = f"Ct{tag}"
         lane = Var("__lane")  # n = n0 + lane: (n0 + lane) // NR → n0 / NR, (n0 + lane) % NR → lane (simplify_panels)
-        a_at = Addr(self.a.buf, tuple(substitute(i, {self.m: row0, self.r: _i(0)}) for i in self.a.index))
+        a_at = Addr(self.a.buf, tuple(substitute(i, {self.m: row0, self.r: as_extent(0)}) for i in self.a.index))
         b_at = Addr(self.b.buf, tuple(
-            substitute(simplify_panels(substitute(i, {self.n: n0 + lane, self.r: _i(0)}), lane, self.nr),
-                       {lane: _i(0)}) for i in self.b.index))
+            substitute(simplify_panels(substitute(i, {self.n: n0 + lane, self.r: as_extent(0)}), lane, self.nr),
+                       {lane: as_extent(0)}) for i in self.b.index))
 
         def call(rows: int) -> list[Stmt]:
-            return [Call(self.kernels[rows].name, (a_at, b_at, Addr(ct, (_i(0),)), _i(self.nr), _i(self.K),
-                                                   _i(self.lda), left))]
+            return [Call(self.kernels[rows].name, (a_at, b_at, Addr(ct, (as_extent(0),)), as_extent(self.nr),
+                                                   as_extent(self.K), as_extent(self.lda), left))]
         body = call(rows_desc[-1])
         for rows, fewer in zip(rows_desc[-2::-1], rows_desc[::-1]):
-            body = [If(cmp(">", left, _i(fewer)), call(rows), body)]
+            body = [If(cmp(">", left, as_extent(fewer)), call(rows), body)]
         return [Alloc(ct, "float32", (rows_desc[0], self.nr)), *body, epilogue(ct, rows_desc[0])]
 
 

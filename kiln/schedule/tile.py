@@ -514,22 +514,24 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
                          prefetch_ahead(term, v, ni, mi, t.nr, distance)) if i == 0 else []
                 update = Loop(v, as_extent(e), [*ahead, update], "unroll" if i == 0 and unroll_last else "serial")
             reduce = [update]
-        out_idx = substitute_all(c.store_index, {m_v: m_expr, n_v: n_expr})
-        epilogue = substitute(c.body, {red: LocalRef(acc, red.dtype, mi), m_v: m_expr, n_v: n_expr})
-        store: Stmt = Store(c.out, out_idx, epilogue)
-        if edge or (packed is not None and M % t.mr):
-            store = If(cmp("<", m_expr, as_extent(M)), [store])
         whole = isinstance(n_ext, Const) and int(n_ext.value) % width == 0
-        return Loop(ni, n_ext, [Local(acc, red.dtype, init_value("sum", red.dtype), rows * split), *reduce,
-                                Loop(mi, Const(rows, "int64"), [store], "unroll")], "vector", width, masked=not whole)
+        stores = row_stores(LocalRef(acc, red.dtype, mi), rows, edge or (packed is not None and M % t.mr))
+        return Loop(ni, n_ext, [Local(acc, red.dtype, init_value("sum", red.dtype), rows * split), *reduce, stores],
+                    "vector", width, masked=not whole)
+
+    def row_stores(total: Expr, rows: int, guarded: bool) -> Stmt:
+        """for mi < rows (unrolled): out[m, n] = epilogue(total); `guarded`: rows past M not stored."""
+        store: Stmt = Store(c.out, substitute_all(c.store_index, {m_v: m_expr, n_v: n_expr}),
+                            substitute(c.body, {red: total, m_v: m_expr, n_v: n_expr}))
+        if guarded:
+            store = If(cmp("<", m_expr, as_extent(M)), [store])
+        return Loop(mi, Const(rows, "int64"), [store], "unroll")
 
     def called_epilogue(ct: str, rows: int) -> Stmt:
         """The epilogue of called tails (tail_calls.py), from their C tile; rows past M not stored."""
-        value = substitute(c.body, {red: Load(ct, (mi, ni), red.dtype), m_v: m_expr, n_v: n_expr})
-        store = If(cmp("<", m_expr, as_extent(M)),
-                   [Store(c.out, substitute_all(c.store_index, {m_v: m_expr, n_v: n_expr}), value)])
         whole = isinstance(n_ext, Const) and int(n_ext.value) % t.nr == 0
-        return Loop(ni, n_ext, [Loop(mi, Const(rows, "int64"), [store], "unroll")], "vector", t.nr, masked=not whole)
+        return Loop(ni, n_ext, [row_stores(Load(ct, (mi, ni), red.dtype), rows, True)], "vector", t.nr,
+                    masked=not whole)
 
     def tiles_of(width: int, n_ext: Expr, tails: tuple[int, ...] = tails) -> list[Stmt]:
         # full row blocks run a tile without clamps or guards: its MR rows are one base + constant offsets; a tile
