@@ -393,14 +393,103 @@ def test_cli_quantize_flags(tmp_path, capsys) -> None:  # noqa: ANN001
     assert "bad.npz: not a readable .npz" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("strategy", ["ukernel", "library"])
-def test_int8_anchor_other_strategies_fall_back_to_direct(strategy: str) -> None:
+def qlinear_matmul_model(a: np.ndarray, n: int) -> onnx.ModelProto:
+    adt = str(a.dtype)
+    b = rand(a.shape[-1], n, lo=-128, hi=127, dtype="int8", seed=2)
+    node = helper.make_node("QLinearMatMul", ["a", "as", "az", "b", "bs", "bz", "ys", "yz"], ["y"])
+    consts = {"as": np.array(0.02, np.float32), "az": np.array(7, adt), "b": b, "bs": np.array(0.01, np.float32),
+              "bz": np.array(0, np.int8), "ys": np.array(0.5, np.float32), "yz": np.array(1, adt)}
+    return make_model([node], {"a": a}, ["y"], consts, opset=13)
+
+
+def built_strategies(model: onnx.ModelProto, width: str, strategy: str) -> dict[str, str]:
+    c = lower(model, resolve(width), 2, check_options({}), strategy=strategy, stop_after="object")
+    return {node: how for k in c.program.kernels for node, how in k.strategies.items()}
+
+
+def int8_ukernel_cases() -> list[tuple[str, onnx.ModelProto, dict[str, np.ndarray]]]:
+    u8 = rand(1, 8, 9, 7, lo=0, hi=255, dtype="uint8")
+    s8 = rand(1, 8, 9, 7, lo=-128, hi=127, dtype="int8")
+    wide = rand(1, 32, 10, 12, lo=0, hi=255, dtype="uint8", seed=7)
+    a37 = rand(2, 5, 37, lo=0, hi=255, dtype="uint8", seed=8)       # K % 4 = 1: the epilogue's tail product
+    s64 = rand(19, 64, lo=-128, hi=127, dtype="int8", seed=9)       # 19 rows: a partial last row tile
+    return [("conv3x3 u8", qlinear_conv_model(u8, 16, 1, "uint8", True), {"x": u8}),   # q rows over padded pixels
+            ("conv3x3 s8", qlinear_conv_model(s8, 40, 1, "int8", False), {"x": s8}),  # N edge: 40 channels
+            ("conv3x3 stride 2", qlinear_conv_model(wide, 24, 1, "uint8", True, stride=2), {"x": wide}),  # ow rows
+            ("matmul K=37 batch 2", qlinear_matmul_model(a37, 21), {"a": a37}),
+            ("matmul s8 19x64", qlinear_matmul_model(s64, 48), {"a": s64})]
+
+
+@pytest.mark.parametrize("case", range(5), ids=[c[0] for c in int8_ukernel_cases()])
+def test_int8_ukernel_strategy(width: str, case: int) -> None:
+    """strategy="ukernel": the integer anchors on the 8-bit microkernels (kiln/ukernels/int8.py: vpdpbusd where the
+    width has VNNI and A is u8, else vpmaddwd), exact against onnxruntime (integer outputs); every anchor is built
+    on them, at every width (emitted for the ones this CPU cannot run)."""
+    _, m, feeds = int8_ukernel_cases()[case]
+    compare(m, feeds, target=width, strategy="ukernel")
+    built = built_strategies(m, width, "ukernel")
+    assert built and set(built.values()) == {"ukernel"}, built
+
+
+def test_int8_ukernels_against_numpy() -> None:
+    """Each x86 int8 microkernel alone, against NumPy: three levels of steps at odd strides, rows past `rows`
+    repeating the last, K4 odd; the methods this CPU cannot run are only compiled."""
+    import ctypes
+
+    import llvmlite.binding as llvm
+
+    from kiln.ukernels.int8 import METHODS, int8_ukernel
+
+    rng = np.random.default_rng(0)
+    needs = {"vnni512": "avx512vnni", "pmaddwd512": "avx512bw", "vnni256": "avxvnni", "vnni128": "avxvnni",
+             "pmaddwd256": "avx2", "pmaddwd128": "sse4.2"}
+    host = llvm.get_host_cpu_features()
+    forced = os.environ.get("KILN_TEST_EMIT_ONLY", "")
+    feats = "+avx512f,+avx512bw,+avx512vl,+avx512vnni,+avxvnni,+avx2,+fma,+sse4.2"
+    for method, feature in needs.items():
+        lanes, main_mr = METHODS[method]
+        signed = "u8s8" if method.startswith("vnni") else "s8s8"  # vpdpbusd multiplies u8 by s8
+        for ab, mr, nr in (("u8s8", main_mr, 2 * lanes), (signed, max(1, main_mr - 3), lanes)):
+            uk = int8_ukernel(method, ab, mr, nr)
+            mod = llvm.parse_assembly(uk.ir_text.replace("define internal", "define"))
+            mod.verify()
+            # a machine per module: the execution engine takes ownership of its machine
+            tm = llvm.Target.from_triple("x86_64-unknown-linux-gnu").create_target_machine("x86-64", feats, opt=3)
+            if not host.get(feature, False) or (forced and method.endswith("512")):
+                assert tm.emit_object(mod)[:4] == b"\x7fELF"  # compiled for a CPU this one is not
+                continue
+            ee = llvm.create_mcjit_compiler(mod, tm)
+            ee.finalize_object()
+            fn = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                                           ctypes.c_void_p] + [ctypes.c_int64] * 8))(ee.get_function_address(uk.name))
+            (n2, s2), (n1, s1), (n0, s0), k4, rows = (2, 1001), (3, 307), (2, 41), 5, mr - 1 or 1
+            lda = 4 * k4 + 37
+            a = rng.integers(0 if ab == "u8s8" else -128, 256 if ab == "u8s8" else 128, rows * lda + 2 * 1001
+                             + 64).astype(np.uint8 if ab == "u8s8" else np.int8)
+            b = rng.integers(-128, 128, (n2 * n1 * n0, k4, nr, 4)).astype(np.int8)
+            c = np.full((mr, nr), 12345, np.int32)
+            fn(a.ctypes.data, lda, rows, b.ctypes.data, c.ctypes.data, nr, n2, s2, n1, s1, n0, s0, k4)
+            want = np.zeros((mr, nr), np.int64)
+            for i in range(mr):
+                s = 0
+                for i2 in range(n2):
+                    for i1 in range(n1):
+                        for i0 in range(n0):
+                            at = min(i, rows - 1) * lda + i2 * s2 + i1 * s1 + i0 * s0
+                            av = a[at:at + 4 * k4].astype(np.int64).reshape(k4, 4)
+                            want[i] += np.einsum("qg,qjg->j", av, b[s].astype(np.int64))
+                            s += 1
+            assert np.array_equal(c, want), (method, ab, mr, nr)
+            del ee
+
+
+def test_int8_library_strategy_says_not_available() -> None:
+    """No vendor integer GEMM is bound: an integer anchor asked for `library` is built directly, and says why."""
     x = rand(1, 8, 9, 7, lo=0, hi=255, dtype="uint8")
     m = qlinear_conv_model(x, 16, 1, "uint8", True)
-    got = compare(m, {"x": x}, strategy=strategy)
-    assert got is not None
-    exe = kiln.compile(m, strategy=strategy)
-    assert set(exe.meta["strategies"].values()) == {"direct"}, exe.meta["strategies"]
+    compare(m, {"x": x}, strategy="library")
+    built = kiln.compile(m, strategy="library", cache=False).meta["strategies"]
+    assert set(built.values()) == {"direct (library not available: no integer GEMM in Kiln's library bindings)"}
 
 
 # -- cross ISAs (qemu) -----------------------------------------------------------------------------------------------
@@ -426,6 +515,30 @@ def test_int8_aarch64_under_qemu(tmp_path, features: str, instr: str | None) -> 
     assert np.array_equal(outs[0], run_ort(m, {"x": x})[0])
     asm = (tmp_path / "conv" / "model.s").read_text()
     assert (instr in asm) if instr else ("sdot" not in asm)
+
+
+@pytest.mark.parametrize("features,method", [("+neon,+fp-armv8,+dotprod", "sdot"),
+                                            ("+neon,+fp-armv8,+dotprod,+i8mm", "i8mm")])
+def test_int8_ukernel_aarch64_under_qemu(tmp_path, features: str, method: str) -> None:  # noqa: ANN001
+    """strategy="ukernel" on AArch64: the SDOT microkernel, or with i8mm the SMMLA one (2×2 blocks of two 4-byte
+    groups; K4 odd: its last group with the upper half zero); exact against onnxruntime."""
+    import dataclasses
+
+    import kiln.cross as kc
+    from kiln.cross import have_toolchain
+
+    if have_toolchain("aarch64"):
+        pytest.skip(have_toolchain("aarch64"))
+    t = dataclasses.replace(resolve("aarch64-neon"), features=features)
+    x = rand(1, 8, 9, 7, lo=-128, hi=127, dtype="int8")
+    a = rand(2, 5, 37, lo=-128, hi=127, dtype="int8", seed=8)   # K = 37: 9 groups (odd) and a tail product
+    for name, m, feeds in (("conv", qlinear_conv_model(x, 16, 1, "int8", True), {"x": x}),
+                           ("matmul", qlinear_matmul_model(a, 21), {"a": a})):
+        b = kc.build_binary(m, t, str(tmp_path / name), strategy="ukernel")
+        outs, _ = kc.run_qemu(b, feeds)
+        assert np.array_equal(outs[0], run_ort(m, feeds)[0]), name
+        asm = (tmp_path / name / "model.s").read_text()
+        assert f"kiln_ukr_{method}_s8s8_" in asm and ("smmla" in asm) == (method == "i8mm"), name
 
 
 def test_isa_int8_report() -> None:

@@ -150,14 +150,14 @@ def schedule_amx(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
         b, b_base, pack_b = _pack_b(k, c, b, red, nr, kp, tag, threads)
         pre.append(pack_b)
     else:
-        panels = _vnni_panels(k, b, red, n_v, nr, K)
+        panels = vnni_panels(k, b, red, n_v, nr, K)
         if panels is None:
             return None
         b_base, kp = panels
     row_axes = spatial if spatial else (c.axes[c.hints["m_axis"] % len(c.axes)],)
     if any(v not in c.axes for v in row_axes):
         return None
-    rows = _in_place(k, c, a, red, row_axes) if kp == K else None
+    rows = in_place(k, c, a, red, row_axes) if kp == K else None
     if rows is None:
         packed = _pack(k, c, a, red, row_axes, tag, threads, kp)
         if packed is None:
@@ -222,14 +222,15 @@ def _pack_b(k: Kernel, c: Compute, b: Load, red: Reduce, nr: int, kp: int, tag: 
     return Load(bv, (_i(0),), "bfloat16"), _flat_of(others) * (P * kp * nr) if others else _i(0), nest
 
 
-def _vnni_panels(k: Kernel, b: Load, red: Reduce, n_v: Var, nr: int, K: int) -> tuple[Expr, int] | None:
+def vnni_panels(k: Kernel, b: Load, red: Reduce, n_v: Var, nr: int, K: int, group: int = 2) -> tuple[Expr, int] | None:
     """The flat index of panel 0's first element, if B is read as VNNI panels of the steps in the reduction's order:
-    flat(n = j·NR + ni, k) = base + j·Kp·NR + (k − k % 2)·NR + 2·ni + k % 2 (k the row-major position over the
-    reduction axes, Kp ≥ K the panel's padded K); None otherwise. Checked at random points (all affine)."""
+    flat(n = j·NR + ni, k) = base + j·Kp·NR + (k − k % G)·NR + G·ni + k % G (G = `group`: 2 bf16, 4 int8; k the
+    row-major position over the reduction axes, Kp ≥ K the panel's padded K); None otherwise. Checked at random
+    points (all affine)."""
     shape = k.buffer(b.buf).shape
-    if shape[-1] != 2 or shape[-2] != nr:
+    if shape[-1] != group or shape[-2] != nr:
         return None
-    kp = 2 * int(np.prod(shape[-3:-2])) if len(shape) == 4 else K  # PackedMatMul / NCHW conv: [P, Kp/2, NR, 2]
+    kp = group * int(np.prod(shape[-3:-2])) if len(shape) == 4 else K  # PackedMatMul, NCHW conv: [P, Kp/G, NR, G]
     j, ni = Var("_panel"), Var("_lane")
     flat = simplify_panels(substitute(flat_index(b.index, shape), {n_v: j * nr + ni}), ni, nr)
     zero = _i(0)
@@ -248,26 +249,29 @@ def _vnni_panels(k: Kernel, b: Load, red: Reduce, n_v: Var, nr: int, K: int) -> 
             if isinstance(v, Var) and v.name not in env:
                 env[v.name] = 0
         at_base = _eval_index(base, env)
-        want = (env[j.name] * kp + kflat - kflat % 2) * nr + 2 * env[ni.name] + kflat % 2
+        want = (env[j.name] * kp + kflat - kflat % group) * nr + group * env[ni.name] + kflat % group
         if at_base is None or _eval_index(flat, env) != at_base + want:
             return None
     return base, kp
 
 
-def _in_place(k: Kernel, c: Compute, a: Load, red: Reduce, row_axes: tuple[Var, ...]) -> Rows | None:
-    """Rows read in place (module docstring), or None."""
+def in_place(k: Kernel, c: Compute, a: Load, red: Reduce, row_axes: tuple[Var, ...], size: int = 2,
+             kb: int = KB) -> Rows | None:
+    """Rows read in place (module docstring), or None. `size`: bytes per A element; `kb`: the innermost axis's
+    elements per K step (its extent a multiple of it: one kernel step each; the int8 microkernels take the whole
+    axis per step, kiln/schedule/int8_ukernel.py)."""
     fa = flat_index(a.index, k.buffer(a.buf).shape)
     (r_last, e_last) = red.axes[-1]
-    if coef(fa, r_last) != 1 or e_last % KB:
+    if coef(fa, r_last) != 1 or e_last % kb:
         return None
     steps: list[tuple[int, int]] = []
     for v, n in red.axes[:-1]:
         s = coef(fa, v)
         if s is None:
             return None
-        steps.append((n, 2 * s))
-    if e_last > KB:
-        steps.append((e_last // KB, 2 * KB))
+        steps.append((n, size * s))
+    if e_last > kb:
+        steps.append((e_last // kb, size * kb))
     steps = [s for s in steps if s[0] > 1] or [(1, 0)]
     if len(steps) > 3:
         return None
@@ -280,7 +284,7 @@ def _in_place(k: Kernel, c: Compute, a: Load, red: Reduce, row_axes: tuple[Var, 
         if not cm or cm < 0:
             return None
         a_flat = substitute(fa, {m: zero, **{v: zero for v, _ in red.axes}}) + q * cm
-        return Rows(row_axes, extents[m], {m: q}, None, 2 * cm, steps, a_flat, a.buf)
+        return Rows(row_axes, extents[m], {m: q}, None, size * cm, steps, a_flat, a.buf)
     oh, ow = row_axes
     c_oh, c_ow = coef(fa, oh), coef(fa, ow)
     if not c_oh or not c_ow or c_oh % c_ow or c_ow < 0:
@@ -290,7 +294,8 @@ def _in_place(k: Kernel, c: Compute, a: Load, red: Reduce, row_axes: tuple[Var, 
         return None
     a_flat = substitute(fa, {oh: zero, ow: zero, **{v: zero for v, _ in red.axes}}) + q * c_ow
     valid = cmp("<", q % wv, _i(OW)) if wv > OW else None
-    return Rows(row_axes, (OH - 1) * wv + OW, {oh: q // wv, ow: q % wv}, valid, 2 * c_ow, steps, a_flat, a.buf)
+    return Rows(row_axes, (OH - 1) * wv + OW, {oh: q // wv, ow: q % wv}, valid, size * c_ow, steps, a_flat,
+                a.buf)
 
 
 def _pack(k: Kernel, c: Compute, a: Load, red: Reduce, row_axes: tuple[Var, ...], tag: str,
@@ -345,6 +350,35 @@ def _pack(k: Kernel, c: Compute, a: Load, red: Reduce, row_axes: tuple[Var, ...]
     return c, ap_load, rows, [nest]
 
 
+def block_epilogue(c: Compute, red: Reduce, ct: str, acc_dtype: str, rows: Rows, q0: Expr, n_rows: int,
+                   o_of: dict[Expr, Expr], j: Expr, nr: int, tag: str, m_end: int | None = None,
+                   tail: Callable[[dict[Expr, Expr]], Expr] | None = None) -> Stmt:
+    """The compute's fused epilogue over a C block a tile kernel left in Ct[n_rows, NR] (rows q0 …, panel j):
+
+        for ni < min(NR, N − j·NR) vector<NR> masked:
+          for r < n_rows unroll:  [if row q0 + r is an output:]  out[o, row(q0 + r), j·NR + ni] = epilogue(Ct[r, ni])
+
+    `m_end`: rows from it on are none (a partial last block); `tail(mapping)`: products the kernel left out (the
+    int8 microkernels' K % 4 values), added to Ct before the epilogue."""
+    q = Var("q")
+    ni, r = Var(f"ani{tag}"), Var(f"ar{tag}")
+    qr = q0 + r
+    mapping = {**o_of, **{ax: substitute(d, {q: qr}) for ax, d in rows.decode.items()}, c.axes[-1]: j * nr + ni}
+    acc: Expr = Load(ct, (r, ni), acc_dtype)
+    if tail is not None:
+        acc = acc + tail(mapping)
+    value = simplify_panels(substitute(c.body, {red: acc, **mapping}), ni, nr)
+    out_idx = tuple(simplify_panels(substitute(i, mapping), ni, nr) for i in c.store_index)
+    store: Stmt = Store(c.out, out_idx, value)
+    conds = ([substitute(rows.valid, {q: qr})] if rows.valid is not None else []) + \
+        ([cmp("<", qr, _i(m_end))] if m_end is not None else [])
+    if conds:
+        store = If(conds[0] if len(conds) == 1 else Bin("and", conds[0], conds[1]), [store])
+    N = c.extents[-1]
+    n_ext: Expr = minimum(_i(nr), _i(N) - j * nr) if N % nr else _i(nr)
+    return Loop(ni, n_ext, [Loop(r, _i(n_rows), [store], "unroll")], "vector", nr, masked=True)
+
+
 def _flat_of(others: list[tuple[Var, int]]) -> Expr:
     flat: Expr = _i(0)
     for v, e in others:
@@ -396,18 +430,7 @@ def _nest(k: Kernel, c: Compute, red: Reduce, b: Load, b_base: Expr, rows: Rows,
         b_at = Addr(b.buf, (substitute(b_base, o_of) + j * (K * nr),))  # B packed per batch point: base depends on o
         call = Call(kern.name, (a0, a1, _i(rows.lda), b_at, Addr(ct, (_i(0),)), _i(4 * nr)) + step_args
                     + (Const(0, "int32"),))
-        ni, r = Var(f"ani{tag}"), Var(f"ar{tag}")
-        qr = q0 + r
-        n_expr = j * nr + ni
-        mapping = {**o_of, **{ax: substitute(d, {q: qr}) for ax, d in rows.decode.items()}, c.axes[-1]: n_expr}
-        value = simplify_panels(substitute(c.body, {red: Load(ct, (r, ni), "float32"), **mapping}), ni, nr)
-        out_idx = tuple(simplify_panels(substitute(i, mapping), ni, nr) for i in c.store_index)
-        store: Stmt = Store(c.out, out_idx, value)
-        if rows.valid is not None:
-            store = If(substitute(rows.valid, {q: qr}), [store])
-        n_ext: Expr = minimum(_i(nr), _i(N) - j * nr) if N % nr else _i(nr)
-        epi = Loop(ni, n_ext, [Loop(r, _i(kern_mt * kern_mr), [store], "unroll")], "vector", nr, masked=True)
-        return [call, epi]
+        return [call, block_epilogue(c, red, ct, "float32", rows, q0, kern_mt * kern_mr, o_of, j, nr, tag)]
 
     def nest(n_items: int, item: Callable[[Expr], list[Stmt]], cfg_mr: int) -> Loop:
         """parallel parts over n_items work items, the tile configuration loaded once per part."""

@@ -24,7 +24,8 @@ from __future__ import annotations
 from kiln.codegen.dpbf16 import dpbf16_widths
 from kiln.kernel.ir import Bin, Compute, Kernel, Load, Reduce, Stmt, walk
 from kiln.schedule.config import Decisions
-from kiln.schedule.int8 import DotForm, dot_tile, grouped_reads
+from kiln.schedule.dot_form import DotForm, grouped_reads
+from kiln.schedule.int8 import dot_tile
 from kiln.target import Target
 
 

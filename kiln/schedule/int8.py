@@ -20,90 +20,42 @@ Rows (MR) and lanes (NR) as the float tile (schedule/tile.py: pick_mr, flatten_r
 edge rows clamp their reads and guard their stores; the epilogue (int32 → float, scale, bias, activation,
 round, clamp, narrowing store) runs on the accumulators while they are in registers.
 
-Strategies: only direct emission exists for the integer anchors so far; an anchor asked for `ukernel` or `library`
-is built here and recorded as "direct" in exe.meta["strategies"]. A microkernel (an x86 int8 one, or AMX
-`tdpbusd` from kiln/ukernels/amx.py) plugs in where this tile's k-loop is: it reads A rows of u8 ([M][K], K
-contiguous, 4-byte groups) and the packed panel Bp[n // NR] ([K/4][NR][4] int8, graph/quant_pack.py), and
-accumulates the int32 MR×NR tile that the epilogue below then requantizes. Returns None (the default schedule
-then runs the plain integer loops) where the form does not match."""
+Strategies: `ukernel` builds the anchor on the 8-bit microkernels instead (schedule/int8_ukernel.py: the same
+reduction in a hand-written kernel, the epilogue on the int32 tile it stores); where that does not apply, and for
+`library` (no vendor integer GEMM is bound), the anchor is built here and exe.meta["strategies"] says
+"direct (<strategy> not available: why)". Under `direct` the tuner's knob `strategy` may pick the microkernel.
+Returns None (the default schedule then runs the plain integer loops) where the form does not match."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
 from kiln.kernel.ir import (
     Assign,
     Bin,
-    Cast,
     Compute,
     Const,
-    Dot2,
-    Dot4,
     Expr,
     If,
     Kernel,
-    Load,
     Local,
     LocalRef,
     Loop,
-    Reduce,
     Stmt,
     Store,
     Var,
     cmp,
     minimum,
     substitute,
-    walk,
 )
 from kiln.schedule.config import Decisions
+from kiln.schedule.dot_form import DotForm, int8_form
+from kiln.schedule.int8_ukernel import plan, schedule_int8_ukernel
 from kiln.schedule.tile import flatten_rows, pick_mr, rename_tile, simplify_panels, substitute_all
 from kiln.target import Target
 
 UNROLL_DOTS = 256  # a blocked conv's k-groups unrolled while the tile does at most this many dot products per step
-
-
-@dataclass(frozen=True)
-class DotForm:
-    """The parts of a dot-product anchor's compute the tile needs (an integer anchor's, or a bf16 one's:
-    schedule/bf16.py)."""
-    red: Reduce
-    a: Load           # the activation read (uint8 / int8 / bfloat16)
-    b: Load           # the weight read, B[.., k // group, .., k % group]
-    k: Var            # the reduction axis taken `group` at a time (the last one)
-    k_ext: int
-    group: int = 4    # operand values summed into one accumulator lane: 4 bytes (Dot4), or a bf16 pair (Dot2)
-
-    def dot(self, acc: Expr, a: Load, b: Load) -> Expr:
-        return Dot4(acc, a, b) if self.group == 4 else Dot2(acc, a, b)
-
-
-def grouped_reads(red: Reduce, a: Expr, b: Expr, group: int) -> DotForm | None:
-    """The form if `a` reads the reduction's last axis k contiguously and `b` reads it as
-    [.., k // group, .., k % group]
-    (weights packed with the group innermost)."""
-    k, k_ext = red.axes[-1]
-    if not (isinstance(a, Load) and isinstance(b, Load)):
-        return None
-    g = Const(group, "int64")
-    if a.index[-1] != k or Bin("//", k, g) not in b.index or b.index[-1] != Bin("%", k, g):
-        return None
-    return DotForm(red, a, b, k, k_ext, group)
-
-
-def int8_form(c: Compute) -> DotForm | None:
-    reds = [e for e in walk(c.body) if isinstance(e, Reduce)]
-    if len(reds) != 1 or reds[0].op != "sum" or reds[0].dtype != "int32":
-        return None
-    red = reds[0]
-    body = red.body
-    if not (isinstance(body, Bin) and body.op == "*" and all(isinstance(x, Cast) for x in (body.a, body.b))):
-        return None
-    a, b = body.a.a, body.b.a
-    if not (isinstance(a, Load) and isinstance(b, Load)) or a.dtype not in ("uint8", "int8") or b.dtype != "int8":
-        return None
-    return grouped_reads(red, a, b, 4)
 
 
 def choose_dot_tile(c: Compute, target: Target, dec: Decisions | None = None) -> tuple[int, bool]:
@@ -135,12 +87,22 @@ def schedule_int8(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
     if int8_form(c) is None or target.scalable:
         return None
     node = c.hints.get("node", c.out)
-    # strategy "ukernel" / "library" have no int8 form yet: the anchor is emitted directly and exe.meta["strategies"]
-    # says "direct" for it (as for any anchor a strategy does not apply to)
     if not (options.get("register_tile", True) and options.get("vectorize", True)):
         return None
-    k.strategies[node] = "direct"
-    return dot_tile(c, tag, target, threads if options.get("parallel", True) else 1, int8_form, dec)
+    threads = threads if options.get("parallel", True) else 1
+    strategy = str(c.hints.get("strategy", "direct"))
+    if strategy == "direct" and plan(k, c, int8_form(c), target)[0] is not None:  # the tuner may pick the microkernel
+        strategy = str(dec.knob("strategy", "direct", ("direct", "ukernel")))
+    why = ""
+    if strategy == "ukernel":
+        nest, why = schedule_int8_ukernel(k, c, int8_form(c), tag, target, threads, dec)
+        if nest is not None:
+            k.strategies[node] = "ukernel"
+            return nest
+    elif strategy.startswith("library"):  # no vendor integer GEMM is bound (kiln/library: float GEMMs only)
+        why = "no integer GEMM in Kiln's library bindings"
+    k.strategies[node] = f"direct ({strategy} not available: {why})" if why else "direct"
+    return dot_tile(c, tag, target, threads, int8_form, dec)
 
 
 def dot_tile(c: Compute, tag: str, target: Target, threads: int,

@@ -109,10 +109,11 @@ def _conv(g: Graph, n: Node, xb: Value | None, target: Target, block_out: bool) 
 
 
 def _qconv(g: Graph, n: Node, xb: Value | None, target: Target) -> tuple[Node, bool] | None:
-    """An integer QConv blocked in and out (the only layout its dot-product tile takes; else it stays NCHW):
-    dense weights in the VNNI layout, depthwise ones as float taps (graph/quant_pack.py)."""
+    """An integer QConv blocked in and out (the only layout its dot-product tile and microkernel take; else it stays
+    NCHW): dense weights in the VNNI layout, depthwise ones as float taps (graph/quant_pack.py). Whatever its strategy:
+    no library call takes an integer conv (schedule/int8.py records the anchor as direct, and why)."""
     x, w, a = n.inputs[0], n.inputs[1], n.attrs
-    if xb is None or w.const is None or strategy_of(a) not in BLOCKED_STRATEGIES or len(x.shape) != 4:
+    if xb is None or w.const is None or len(x.shape) != 4:
         return None
     in_block, co = xb.shape[-1], w.shape[0]
     depthwise = a["group"] > 1
@@ -132,7 +133,7 @@ def _heavy(n: Node, target: Target) -> bool:
     x, w = n.inputs[0], n.inputs[1]
     if n.op == "QConv":
         return (n.attrs["group"] == 1 and len(x.shape) == 4 and w.const is not None
-                and strategy_of(n.attrs) in BLOCKED_STRATEGIES and int8_channel_block(x.shape[1], target) > 0
+                and int8_channel_block(x.shape[1], target) > 0
                 and int8_channel_block(w.shape[0], target) > 0)
     return (n.attrs["group"] == 1 and len(x.shape) == 4 and x.dtype == w.dtype == "float32" and w.const is not None
             and strategy_of(n.attrs) in BLOCKED_STRATEGIES and channel_block(x.shape[1], target) > 0

@@ -1,0 +1,322 @@
+"""Hand-written 8-bit GEMM microkernels (int32 accumulators), one per ISA's dot-product instruction, in LLVM IR — the
+`ukernel` strategy of the integer anchors (kiln/schedule/int8_ukernel.py). One narrow interface, a batch-reduce
+GEMM block (oneDNN's brgemm) whose A rows are read in place, where they are (a GEMM's activation rows, a blocked
+conv input's pixels at every tap):
+
+    void kiln_ukr_<method>_<ab>_<MR>x<NR>(
+        ptr A, i64 lda, i64 rows,     /* row i of A at A + min(i, rows − 1)·lda (bytes): rows past `rows` repeat  */
+        ptr B,                        /* the weight panel in VNNI order, one step after another (below)          */
+        ptr C, i64 ldc,               /* the MR×NR int32 C tile, row stride ldc int32s; overwritten               */
+        i64 n2, i64 sa2, i64 n1, i64 sa1, i64 n0, i64 sa0,   /* the steps: for i2 < n2, i1 < n1, i0 < n0      */
+        i64 K4)                       /* 4-byte groups per step (≥ 1)                                            */
+
+    step s = (i2·n1 + i1)·n0 + i0 reads A at a = i2·sa2 + i1·sa1 + i0·sa0 bytes past each row's start, K4 groups
+    of 4 consecutive bytes, and B at B + s·K4·NR·4: K4 rows of NR columns × 4 bytes (graph/quant_pack.py)
+    C[i][j] = Σ_s Σ_{q<K4} Σ_{g<4} A[i][a + 4q + g] · B[s][q][j][g]
+
+A GEMM is one step (n2 = n1 = n0 = 1, K4 = K/4); a blocked 3×3 conv has (Ci/cb, kh, kw) steps of cb/4 groups, A
+advancing by the input's channel-block, row and pixel strides: the whole reduction is one call, its accumulators
+in registers throughout (no C reload per tap).
+
+Methods (`<method>`; `<ab>` = A's then B's signedness: u8s8 or s8s8):
+    vnni512  x86 AVX-512 VNNI: vpdpbusd zmm (u8 × s8), A's 4-byte group broadcast from memory ({1to16})
+    vnni256, vnni128  x86 AVX-VNNI / AVX-512 VNNI + VL: vpdpbusd ymm / xmm
+    pmaddwd<bits>  x86 without VNNI (or s8 A): bytes widened to int16 pairs, two vpmaddwd per group (exact)
+    sdot     AArch64 dotprod: SDOT v.4s (s8 × s8)
+    i8mm     AArch64 i8mm: SMMLA v.4s — a 2×2 int32 block from 2 rows × 8 bytes and 2 columns × 8 bytes, i.e. two
+             groups per instruction: twice SDOT's multiply-adds per instruction. B's columns are interleaved per
+             pair of groups in registers (zip1/zip2 of consecutive rows of the panel), so it reads the same VNNI
+             panels as every other method; an odd last group runs with the upper half zero.
+Registers (MR, NR at two vectors): AVX-512 14×32 (28 zmm accumulators), AVX2 6×16 (12 ymm), SSE 4×8, AArch64 8×8
+(16 q registers); NR one vector where the weights were packed so (a blocked conv whose channel block is one vector)."""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from kiln.target import Target, features_on
+
+# method → (int32 lanes per vector, main MR); NR is one or two vectors (the panel width the weights were packed for)
+METHODS: dict[str, tuple[int, int]] = {
+    "vnni512": (16, 14), "pmaddwd512": (16, 14),
+    "vnni256": (8, 6), "pmaddwd256": (8, 6),
+    "vnni128": (4, 4), "pmaddwd128": (4, 4),
+    "sdot": (4, 8), "i8mm": (4, 8),
+}
+
+
+@dataclass(frozen=True)
+class Int8UKernel:
+    name: str
+    method: str
+    ab: str        # u8s8 | s8s8
+    mr: int
+    nr: int
+    ir_text: str
+
+
+def method_for(target: Target, a_dtype: str, nr: int) -> tuple[str | None, str]:
+    """(the method of `target`'s int8 microkernel for A of `a_dtype` and NR-wide panels, or None; why not). x86: the
+    widest vector that divides NR (a blocked layout's 8-channel panels on AVX-512 take ymm), vpdpbusd where the CPU
+    has it at that width and A is u8, else vpmaddwd."""
+    f = features_on(target.features)
+    if target.scalable:
+        return None, f"no int8 microkernel for scalable vectors ({target.name})"
+    if target.arch == "x86_64":
+        bits = next((b for b in (512, 256, 128) if b <= target.vector_bits and nr % (b // 32) == 0), 0)
+        if not bits:
+            return None, f"no int8 microkernel for {nr}-column panels"
+        vnni = "avx512vnni" in f if bits == 512 else ("avxvnni" in f or {"avx512vnni", "avx512vl"} <= f)
+        method = f"vnni{bits}" if vnni and a_dtype == "uint8" else f"pmaddwd{bits}"
+    elif target.arch == "aarch64" and a_dtype == "int8":
+        method = "i8mm" if "i8mm" in f else "sdot" if "dotprod" in f else ""
+        if not method:
+            return None, f"no int8 microkernel for {target.name} without dotprod or i8mm (direct: widening MACs)"
+    else:
+        return None, f"no int8 microkernel for {target.name} with {a_dtype} activations"
+    lanes = METHODS[method][0]
+    if nr % lanes or nr > 2 * lanes:
+        return None, f"no int8 microkernel {method} for {nr}-column panels"
+    return method, ""
+
+
+@functools.cache
+def int8_ukernel(method: str, ab: str, mr: int, nr: int) -> Int8UKernel:
+    lanes, main_mr = METHODS[method]
+    if not 1 <= mr <= main_mr or (method == "i8mm" and mr % 2) or nr % lanes or nr > 2 * lanes:
+        raise ValueError(f"{method} int8 microkernels have 1..{main_mr} rows{' (even)' if method == 'i8mm' else ''} "
+                         f"and {lanes} or {2 * lanes} columns, not {mr}x{nr}")
+    if ab != ("u8s8" if method.startswith("vnni") else "s8s8" if method in ("sdot", "i8mm") else ab):
+        raise ValueError(f"{method} multiplies {'u8 by s8' if method.startswith('vnni') else 's8 by s8'}, not {ab}")
+    name = f"kiln_ukr_{method}_{ab}_{mr}x{nr}"
+    return Int8UKernel(name, method, ab, mr, nr, _kernel_ir(name, method, ab, mr, nr, lanes))
+
+
+def _kernel_ir(name: str, method: str, ab: str, mr: int, nr: int, w: int) -> str:
+    out: list[str] = []
+    emit = out.append
+    mm = method == "i8mm"
+    nv = nr // w
+    # accumulators: (row, vector) <w x i32>; i8mm: (row pair, column pair) <4 x i32>
+    accs = [(i, v) for i in range(mr // 2) for v in range(nr // 2)] if mm else [(i, v) for i in range(mr)
+                                                                               for v in range(nv)]
+    at = "<4 x i32>" if mm else f"<{w} x i32>"
+    emit(f"define internal void @{name}(ptr noalias nocapture readonly %A, i64 %lda, i64 %rows, "
+         "ptr noalias nocapture readonly %B, ptr noalias nocapture %C, i64 %ldc, i64 %n2, i64 %sa2, i64 %n1, "
+         "i64 %sa1, i64 %n0, i64 %sa0, i64 %K4) nounwind noinline {")
+    emit("entry:")
+    emit("  %last = sub i64 %rows, 1")
+    for i in range(mr):
+        emit(f"  %lt.{i} = icmp slt i64 {i}, %rows")
+        emit(f"  %ri.{i} = select i1 %lt.{i}, i64 {i}, i64 %last")
+        emit(f"  %ro.{i} = mul i64 %ri.{i}, %lda")
+        emit(f"  %arow.{i} = getelementptr i8, ptr %A, i64 %ro.{i}")
+    emit("  %n10 = mul i64 %n1, %n0")
+    emit("  %nsteps = mul i64 %n2, %n10")
+    emit("  %x0 = mul i64 %n0, %sa0")
+    emit("  %d1 = sub i64 %sa1, %x0")          # a's change when i0 wraps
+    emit("  %x1 = mul i64 %n1, %sa1")
+    emit("  %d2 = sub i64 %sa2, %x1")          # … and when i1 wraps too
+    emit(f"  %bstep = mul i64 %K4, {4 * nr}")
+    emit(f"  %kmain = and i64 %K4, {-2 if mm else -1}")
+    emit("  %has.main = icmp sgt i64 %kmain, 0")
+    emit("  br label %step")
+
+    def phis(block: str, src: list[tuple[str, str]], prefix: str) -> dict[tuple[int, int], str]:
+        names = {}
+        for a in accs:
+            n = f"%{prefix}.{a[0]}.{a[1]}"
+            emit(f"  {n} = phi {at} " + ", ".join(f"[ {s(a)}, %{b} ]" for s, b in src))
+            names[a] = n
+        return names
+
+    # step loop header: s, a, i0, i1 and the accumulators
+    emit("step:")
+    emit("  %s = phi i64 [ 0, %entry ], [ %s.n, %kdone ]")
+    emit("  %a = phi i64 [ 0, %entry ], [ %a.n, %kdone ]")
+    emit("  %i0 = phi i64 [ 0, %entry ], [ %i0.n, %kdone ]")
+    emit("  %i1 = phi i64 [ 0, %entry ], [ %i1.n, %kdone ]")
+    step_acc = phis("step", [(lambda a: "zeroinitializer", "entry"), (lambda a: f"%fin.{a[0]}.{a[1]}", "kdone")],
+                    "sa")
+    emit("  %bsoff = mul i64 %s, %bstep")
+    emit("  %bs = getelementptr i8, ptr %B, i64 %bsoff")
+    for i in range(mr):
+        emit(f"  %ab.{i} = getelementptr i8, ptr %arow.{i}, i64 %a")
+    emit("  br i1 %has.main, label %kloop, label %kpost")
+    emit("kloop:")
+    emit("  %q = phi i64 [ 0, %step ], [ %q.n, %kloop ]")
+    k_acc = phis("kloop", [(lambda a: step_acc[a], "step"), (lambda a: f"%kn.{a[0]}.{a[1]}", "kloop")], "ka")
+    new = (_i8mm_groups if mm else _vector_group)(emit, method, ab, mr, nr, w, "%q", k_acc, "k", pair=True)
+    for a in accs:
+        emit(f"  %kn.{a[0]}.{a[1]} = add {at} {new[a]}, zeroinitializer")  # a stable name for the loop phi
+    emit(f"  %q.n = add i64 %q, {2 if mm else 1}")
+    emit("  %q.more = icmp slt i64 %q.n, %kmain")
+    emit("  br i1 %q.more, label %kloop, label %kpost")
+    emit("kpost:")
+    post = phis("kpost", [(lambda a: step_acc[a], "step"), (lambda a: f"%kn.{a[0]}.{a[1]}", "kloop")], "kp")
+    if mm:  # an odd last group: its upper half zero
+        emit("  %odd = icmp ne i64 %kmain, %K4")
+        emit("  br i1 %odd, label %ktail, label %kdone")
+        emit("ktail:")
+        tail = _i8mm_groups(emit, method, ab, mr, nr, w, "%kmain", post, "t", pair=False)
+        emit("  br label %kdone")
+        emit("kdone:")
+        fin = {a: f"%fin.{a[0]}.{a[1]}" for a in accs}
+        for a in accs:
+            emit(f"  {fin[a]} = phi {at} [ {post[a]}, %kpost ], [ {tail[a]}, %ktail ]")
+    else:
+        emit("  br label %kdone")
+        emit("kdone:")
+        for a in accs:
+            emit(f"  %fin.{a[0]}.{a[1]} = add {at} {post[a]}, zeroinitializer")
+    # advance the step counters: i0 wraps into i1, i1 into i2 (a by sa0, plus d1 / d2 at the wraps)
+    emit("  %s.n = add i64 %s, 1")
+    emit("  %i0.p = add i64 %i0, 1")
+    emit("  %w0 = icmp eq i64 %i0.p, %n0")
+    emit("  %i0.n = select i1 %w0, i64 0, i64 %i0.p")
+    emit("  %i1.c = zext i1 %w0 to i64")
+    emit("  %i1.p = add i64 %i1, %i1.c")
+    emit("  %w1 = icmp eq i64 %i1.p, %n1")
+    emit("  %i1.n = select i1 %w1, i64 0, i64 %i1.p")
+    emit("  %a.0 = add i64 %a, %sa0")
+    emit("  %a.d1 = select i1 %w0, i64 %d1, i64 0")
+    emit("  %a.1 = add i64 %a.0, %a.d1")
+    emit("  %a.d2 = select i1 %w1, i64 %d2, i64 0")
+    emit("  %a.n = add i64 %a.1, %a.d2")
+    emit("  %s.more = icmp slt i64 %s.n, %nsteps")
+    emit("  br i1 %s.more, label %step, label %store")
+    emit("store:")
+    if mm:  # block (p, c) = [r0·c0, r0·c1, r1·c0, r1·c1] of rows 2p, 2p+1 and columns 2c, 2c+1
+        for p in range(mr // 2):
+            for half, sel in ((0, "i32 0, i32 1, i32 4, i32 5"), (1, "i32 2, i32 3, i32 6, i32 7")):
+                row = 2 * p + half
+                for c in range(0, nr // 2, 2):
+                    emit(f"  %st.{row}.{c} = shufflevector <4 x i32> %fin.{p}.{c}, <4 x i32> %fin.{p}.{c + 1}, "
+                         f"<4 x i32> <{sel}>")
+                    _store_row(emit, f"%st.{row}.{c}", "<4 x i32>", row, 2 * c)
+    else:
+        for i, v in accs:
+            _store_row(emit, f"%fin.{i}.{v}", at, i, v * w)
+    emit("  ret void")
+    emit("}")
+    return "\n".join(out) + "\n" + "\n".join(_decls(method, w)) + "\n"
+
+
+def _store_row(emit, value: str, vt: str, row: int, col: int) -> None:  # noqa: ANN001
+    emit(f"  %so.{value[1:]} = mul i64 %ldc, {row}")
+    emit(f"  %sc.{value[1:]} = add i64 %so.{value[1:]}, {col}")
+    emit(f"  %sp.{value[1:]} = getelementptr i32, ptr %C, i64 %sc.{value[1:]}")
+    emit(f"  store {vt} {value}, ptr %sp.{value[1:]}, align 4")
+
+
+def _vector_group(emit, method: str, ab: str, mr: int, nr: int, w: int, q: str,  # noqa: ANN001
+                  acc: dict[tuple[int, int], str], tag: str, pair: bool) -> dict[tuple[int, int], str]:
+    """One 4-byte group q: NR/W B vectors, MR broadcast A groups, MR·NR/W dot products."""
+    bt, vt = f"<{4 * w} x i8>", f"<{w} x i32>"
+    emit(f"  %{tag}bo = mul i64 {q}, {4 * nr}")
+    emit(f"  %{tag}ao = mul i64 {q}, 4")
+    bs = []
+    for v in range(nr // w):
+        emit(f"  %{tag}bo.{v} = add i64 %{tag}bo, {4 * w * v}")
+        emit(f"  %{tag}bp.{v} = getelementptr i8, ptr %bs, i64 %{tag}bo.{v}")
+        emit(f"  %{tag}b.{v} = load {bt}, ptr %{tag}bp.{v}, align 1")
+        bs.append(f"%{tag}b.{v}")
+    wide = method.startswith("pmaddwd")
+    if wide:  # B's byte pairs (0, 1) and (2, 3) of each lane, sign-extended once per group for all rows
+        bs = [(_pairs(emit, b, w, 0, True, f"{tag}bl{v}"), _pairs(emit, b, w, 2, True, f"{tag}bh{v}"))
+              for v, b in enumerate(bs)]
+    new = {}
+    for i in range(mr):
+        emit(f"  %{tag}ap.{i} = getelementptr i8, ptr %ab.{i}, i64 %{tag}ao")
+        emit(f"  %{tag}aw.{i} = load i32, ptr %{tag}ap.{i}, align 1")
+        emit(f"  %{tag}ai.{i} = insertelement {vt} poison, i32 %{tag}aw.{i}, i64 0")
+        emit(f"  %{tag}as.{i} = shufflevector {vt} %{tag}ai.{i}, {vt} poison, <{w} x i32> zeroinitializer")
+        emit(f"  %{tag}a.{i} = bitcast {vt} %{tag}as.{i} to {bt}")
+        a = f"%{tag}a.{i}"
+        if wide:
+            signed = ab.startswith("s8")
+            a = (_pairs(emit, a, w, 0, signed, f"{tag}al{i}"), _pairs(emit, a, w, 2, signed, f"{tag}ah{i}"))
+        for v in range(nr // w):
+            d = f"%{tag}c.{i}.{v}"
+            if method.startswith("vnni"):
+                emit(f"  {d} = call {vt} @llvm.x86.avx512.vpdpbusd.{32 * w}({vt} {acc[(i, v)]}, {bt} {a}, "
+                     f"{bt} {bs[v]})")
+            elif method == "sdot":
+                emit(f"  {d} = call {vt} @llvm.aarch64.neon.sdot.v4i32.v16i8({vt} {acc[(i, v)]}, {bt} {a}, "
+                     f"{bt} {bs[v]})")
+            else:
+                ht = f"<{2 * w} x i16>"
+                fn = {4: "sse2.pmadd.wd", 8: "avx2.pmadd.wd", 16: "avx512.pmaddw.d.512"}[w]
+                emit(f"  {d}.l = call {vt} @llvm.x86.{fn}({ht} {a[0]}, {ht} {bs[v][0]})")
+                emit(f"  {d}.h = call {vt} @llvm.x86.{fn}({ht} {a[1]}, {ht} {bs[v][1]})")
+                emit(f"  {d}.s = add {vt} {d}.l, {d}.h")
+                emit(f"  {d} = add {vt} {acc[(i, v)]}, {d}.s")
+            new[(i, v)] = d
+    return new
+
+
+def _pairs(emit, v: str, w: int, first: int, signed: bool, name: str) -> str:  # noqa: ANN001
+    """Bytes (4i + first, 4i + first + 1) of each lane i of <4W x i8> v, widened to <2W x i16>."""
+    idx = ", ".join(f"i32 {4 * (j // 2) + first + j % 2}" for j in range(2 * w))
+    emit(f"  %{name}.b = shufflevector <{4 * w} x i8> {v}, <{4 * w} x i8> poison, <{2 * w} x i32> <{idx}>")
+    emit(f"  %{name} = {'sext' if signed else 'zext'} <{2 * w} x i8> %{name}.b to <{2 * w} x i16>")
+    return f"%{name}"
+
+
+def _i8mm_groups(emit, method: str, ab: str, mr: int, nr: int, w: int, q: str,  # noqa: ANN001
+                 acc: dict[tuple[int, int], str], tag: str, pair: bool) -> dict[tuple[int, int], str]:
+    """Groups q and q + 1 (pair) or q alone, upper half zero: SMMLA on (row pair p) × (column pair c)."""
+    emit(f"  %{tag}bo = mul i64 {q}, {4 * nr}")
+    emit(f"  %{tag}ao = mul i64 {q}, 4")
+    rows = []   # per quad of columns: X (group q) and Y (group q + 1, or zero)
+    for half in range(nr // 4):
+        emit(f"  %{tag}xo.{half} = add i64 %{tag}bo, {16 * half}")
+        emit(f"  %{tag}xp.{half} = getelementptr i8, ptr %bs, i64 %{tag}xo.{half}")
+        emit(f"  %{tag}x.{half} = load <4 x i32>, ptr %{tag}xp.{half}, align 1")
+        y = "zeroinitializer"
+        if pair:
+            emit(f"  %{tag}yo.{half} = add i64 %{tag}xo.{half}, {4 * nr}")
+            emit(f"  %{tag}yp.{half} = getelementptr i8, ptr %bs, i64 %{tag}yo.{half}")
+            emit(f"  %{tag}y.{half} = load <4 x i32>, ptr %{tag}yp.{half}, align 1")
+            y = f"%{tag}y.{half}"
+        rows.append((f"%{tag}x.{half}", y))
+    bops = []
+    for c in range(nr // 2):  # columns 2c, 2c+1: [c0 g0, c0 g1, c1 g0, c1 g1] (zip1 / zip2 of X and Y)
+        x, y = rows[c // 2]
+        sel = "i32 0, i32 4, i32 1, i32 5" if c % 2 == 0 else "i32 2, i32 6, i32 3, i32 7"
+        emit(f"  %{tag}bz.{c} = shufflevector <4 x i32> {x}, <4 x i32> {y}, <4 x i32> <{sel}>")
+        emit(f"  %{tag}bb.{c} = bitcast <4 x i32> %{tag}bz.{c} to <16 x i8>")
+        bops.append(f"%{tag}bb.{c}")
+    new = {}
+    for p in range(mr // 2):
+        halves = []
+        for r in (2 * p, 2 * p + 1):
+            emit(f"  %{tag}ap.{r} = getelementptr i8, ptr %ab.{r}, i64 %{tag}ao")
+            if pair:
+                emit(f"  %{tag}aw.{r} = load i64, ptr %{tag}ap.{r}, align 1")
+            else:
+                emit(f"  %{tag}a4.{r} = load i32, ptr %{tag}ap.{r}, align 1")
+                emit(f"  %{tag}aw.{r} = zext i32 %{tag}a4.{r} to i64")
+            halves.append(f"%{tag}aw.{r}")
+        emit(f"  %{tag}av0.{p} = insertelement <2 x i64> poison, i64 {halves[0]}, i64 0")
+        emit(f"  %{tag}av.{p} = insertelement <2 x i64> %{tag}av0.{p}, i64 {halves[1]}, i64 1")
+        emit(f"  %{tag}a.{p} = bitcast <2 x i64> %{tag}av.{p} to <16 x i8>")
+        for c in range(nr // 2):
+            d = f"%{tag}m.{p}.{c}"
+            emit(f"  {d} = call <4 x i32> @llvm.aarch64.neon.smmla.v4i32.v16i8(<4 x i32> {acc[(p, c)]}, "
+                 f"<16 x i8> %{tag}a.{p}, <16 x i8> {bops[c]})")
+            new[(p, c)] = d
+    return new
+
+
+def _decls(method: str, w: int) -> list[str]:
+    vt, bt = f"<{w} x i32>", f"<{4 * w} x i8>"
+    if method.startswith("vnni"):
+        return [f"declare {vt} @llvm.x86.avx512.vpdpbusd.{32 * w}({vt}, {bt}, {bt})"]
+    if method == "sdot":
+        return [f"declare {vt} @llvm.aarch64.neon.sdot.v4i32.v16i8({vt}, {bt}, {bt})"]
+    if method == "i8mm":
+        return ["declare <4 x i32> @llvm.aarch64.neon.smmla.v4i32.v16i8(<4 x i32>, <16 x i8>, <16 x i8>)"]
+    ht = f"<{2 * w} x i16>"
+    fn = {4: "sse2.pmadd.wd", 8: "avx2.pmadd.wd", 16: "avx512.pmaddw.d.512"}[w]
+    return [f"declare {vt} @llvm.x86.{fn}({ht}, {ht})"]
