@@ -256,3 +256,19 @@ def test_isa_report_renders_strategies_side_by_side() -> None:
     assert "| 0.0625 |" in rows[0] and "10.0%" in rows[0] and "16.0 FLOP/cyc" in rows[0]
     assert "riscv64-rvv / ukernel: unavailable — no RVV microkernel" in md
     assert "no RVV microkernel" in to_html(isa)
+
+
+def test_isa_report_low_precision_sections() -> None:
+    """`kiln bench --isa --precision int8,bf16`: the int8 section (direct and microkernel per ISA) and the bf16 one,
+    in the Markdown and the HTML report."""
+    from kiln.bench.cli import low_precision_tables
+    from kiln.isa.report import to_html, to_markdown
+
+    isa = {"records": [], **low_precision_tables(["fp32", "int8", "bf16"])}
+    assert set(isa) == {"records", "int8", "bf16"}
+    md = "\n".join(to_markdown(isa))
+    assert "### int8: instructions per 8-bit multiply-accumulate" in md and "### bf16:" in md
+    assert "| AArch64 NEON + i8mm | ukernel | microkernel kiln_ukr_i8mm_s8s8_" in md
+    page = to_html(isa)
+    assert "<td>microkernel kiln_ukr_vnni512_u8s8_" in page and "<td>tdpbf16ps</td>" in page
+    assert low_precision_tables(["fp32"]) == {}

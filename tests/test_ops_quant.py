@@ -542,15 +542,21 @@ def test_int8_ukernel_aarch64_under_qemu(tmp_path, features: str, method: str) -
 
 
 def test_isa_int8_report() -> None:
-    """The int8 ISA table finds each ISA's dot-product hot loop; a wider dot product costs fewer instructions per
-    multiply-accumulate (VNNI zmm < AVX-VNNI ymm < the SSE pmaddwd fallback; SDOT < NEON widening MACs)."""
+    """The int8 ISA table finds each ISA's dot-product hot loop, direct and microkernel; a wider dot product costs
+    fewer instructions per multiply-accumulate (VNNI zmm < AVX-VNNI ymm < the SSE pmaddwd fallback; SDOT < NEON
+    widening MACs; SMMLA < SDOT)."""
     from kiln.isa.int8 import markdown, report
 
-    rows = {r.label: r for r in report(32, 128, 64)}
-    ipm = {label: r.instructions_per_mac for label, r in rows.items()}
+    rows = {(r.label, r.strategy): r for r in report(32, 128, 64)}
+    ipm = {key: r.instructions_per_mac for key, r in rows.items()}
     assert all(r.macs > 0 for r in rows.values()), markdown(list(rows.values()))
-    assert ipm["x86 AVX-512 VNNI (avx512)"] < ipm["x86 AVX-VNNI (avx2)"] < ipm["x86 SSE, no VNNI (sse)"]
-    assert ipm["AArch64 NEON + dotprod"] < ipm["AArch64 NEON"]
+    for s in ("direct", "ukernel"):
+        assert ipm["x86 AVX-512 VNNI (avx512)", s] < ipm["x86 AVX-VNNI (avx2)", s] < ipm["x86 SSE, no VNNI (sse)", s]
+    assert ipm["AArch64 NEON + dotprod", "direct"] < ipm["AArch64 NEON", "direct"]
+    assert ("AArch64 NEON", "ukernel") not in rows  # no int8 microkernel without dotprod
+    # the i8mm microkernel: SMMLA's 32 MACs per instruction against SDOT's 16
+    assert "i8mm" in rows["AArch64 NEON + i8mm", "ukernel"].method
+    assert ipm["AArch64 NEON + i8mm", "ukernel"] < 0.7 * ipm["AArch64 NEON + dotprod", "ukernel"]
 
 
 @pytest.mark.slow  # importing NNCF alone takes ~10 s

@@ -129,6 +129,19 @@ def tuned_widths(args: argparse.Namespace) -> list[str]:
     return widths
 
 
+def low_precision_tables(precisions: list[str]) -> dict[str, str]:
+    """The ISA report's int8 / bf16 sections for the run's low precisions (Markdown tables: kiln/isa/int8.py, bf16.py):
+    instructions per multiply-accumulate of each ISA's dot product, direct and microkernel."""
+    out: dict[str, str] = {}
+    if "int8" in precisions:
+        from kiln.isa.int8 import markdown, report
+        out["int8"] = markdown(report())
+    if "bf16" in precisions:
+        from kiln.isa.bf16 import format_table, table
+        out["bf16"] = format_table(table())
+    return out
+
+
 def precisions_of(args: argparse.Namespace) -> list[str]:
     from .precision import check_precision
     return [check_precision(p) for p in _csv(getattr(args, "precision", "fp32") or "fp32")]
@@ -216,6 +229,7 @@ def run(args: argparse.Namespace) -> int:
         from kiln.isa.analysis import run_isa
         report.info["isa"] = run_isa([wl.factories()[n]() for n in names], _csv(args.isa_targets),
                                      _csv(args.isa_strategies), args.isa_vlen, progress=bar.say)
+        report.info["isa"].update(low_precision_tables(precisions_of(args)))
     try:
         if not args.isa_only:
             run_protocol([wl.factories()[n] for n in names], people, cfg,

@@ -10,10 +10,13 @@ loop (kiln/isa/mca.py) with the most dot-product instructions; MACs per iteratio
     x86  vpdpbusd zmm/ymm/xmm           64 / 32 / 16 MACs   (AVX-512 VNNI, AVX-VNNI)
          pmaddwd  zmm/ymm/xmm           32 / 16 / 8         (the no-VNNI fallback: int16 pairs)
     AArch64 sdot v.4s                   16                  (dotprod)
+            smmla v.4s                  32                  (i8mm: a 2×2 block of 8-byte dot products)
             smlal/smlal2 v.4s / v.8h    4 / 8               (plain NEON: widening multiply-accumulate)
 
-Only direct emission exists for the integer anchors (no int8 microkernel yet), so there is no ukernel column.
-RVV is not in the table: its int8 build crashes qemu-riscv64 (an assertion in qemu's decoder), not yet examined."""
+Each target twice: `direct` (the register tile, schedule/int8.py, codegen/int8.py) and `ukernel` (the hand-written
+8-bit microkernel, kiln/ukernels/int8.py, where the target has one), the same hot-loop count on each's assembly.
+RVV is not in the table: the integer anchors on scalable vectors run the plain integer loops (no dot-product
+form there yet)."""
 from __future__ import annotations
 
 import argparse
@@ -28,6 +31,7 @@ DOT = [  # (arch, mnemonic regex, MACs by register class or a fixed count)
     ("x86_64", re.compile(r"^vpdpbusds?$"), {"zmm": 64, "ymm": 32, "xmm": 16}),
     ("x86_64", re.compile(r"^v?pmaddwd$"), {"zmm": 32, "ymm": 16, "xmm": 8}),
     ("aarch64", re.compile(r"^[su]dot$"), {"": 16}),
+    ("aarch64", re.compile(r"^(s|u|us)mmla$"), {"": 32}),
     ("aarch64", re.compile(r"^[su]mlal2?$"), {".8h": 8, ".4s": 4, ".2d": 2}),
 ]
 CONFIGS = [  # (label, target name, features override or None)
@@ -35,6 +39,7 @@ CONFIGS = [  # (label, target name, features override or None)
     ("x86 AVX-VNNI (avx2)", "avx2", None),
     ("x86 SSE, no VNNI (sse)", "sse", None),
     ("AArch64 NEON + dotprod", "aarch64-neon", "+neon,+fp-armv8,+dotprod"),
+    ("AArch64 NEON + i8mm", "aarch64-neon", "+neon,+fp-armv8,+dotprod,+i8mm"),
     ("AArch64 NEON", "aarch64-neon", None),
 ]
 
@@ -66,6 +71,7 @@ def macs_of(arch: str, mnemonic: str, operands: str) -> int:
 @dataclass
 class Int8Row:
     label: str
+    strategy: str   # direct | ukernel
     method: str
     loop_instructions: int
     macs: int
@@ -76,7 +82,9 @@ class Int8Row:
         return self.loop_instructions / self.macs if self.macs else float("nan")
 
 
-def analyze(label: str, target: str, features: str | None, m: int, k: int, n: int) -> Int8Row:
+def analyze(label: str, target: str, features: str | None, m: int, k: int, n: int,
+            strategy: str = "direct") -> Int8Row | None:
+    """The row of one target and strategy; None for `ukernel` where the target has no int8 microkernel."""
     from kiln.codegen.int8 import dot_method
     from kiln.codegen.jit import emit_assembly, optimize
     from kiln.compiler import lower
@@ -87,7 +95,12 @@ def analyze(label: str, target: str, features: str | None, m: int, k: int, n: in
     tgt = resolve(target)
     if features:
         tgt = dataclasses.replace(tgt, features=features)
-    c = lower(qmatmul_model(m, k, n), tgt, 1, {}, stop_after="llvm")
+    c = lower(qmatmul_model(m, k, n), tgt, 1, {}, strategy=strategy, stop_after="llvm")
+    built = {how for kern in c.program.kernels for how in kern.strategies.values()}
+    if strategy == "ukernel" and built != {"ukernel"}:
+        return None
+    method = dot_method(tgt) if strategy == "direct" else "microkernel " + next(
+        name for kern in c.program.kernels for name in kern.extern_ir if name.startswith("kiln_ukr_"))
     asm = emit_assembly(optimize(c.llvm_ir, tgt), tgt)
     arch = arch_of(tgt.triple)
     best, best_macs = None, 0
@@ -97,7 +110,7 @@ def analyze(label: str, target: str, features: str | None, m: int, k: int, n: in
             if macs > best_macs:
                 best, best_macs = loop, macs
     if best is None:
-        return Int8Row(label, dot_method(tgt), 0, 0, None)
+        return Int8Row(label, strategy, method, 0, 0, None)
     insns = best.instructions()
     cycles = None
     try:
@@ -107,20 +120,21 @@ def analyze(label: str, target: str, features: str | None, m: int, k: int, n: in
         cycles = res["cycles"] / res["iterations"]
     except Exception:  # noqa: BLE001  (llvm-mca missing or rejecting the block: the static count stands alone)
         cycles = None
-    return Int8Row(label, dot_method(tgt), len(insns), best_macs, cycles)
+    return Int8Row(label, strategy, method, len(insns), best_macs, cycles)
 
 
 def report(m: int = 64, k: int = 256, n: int = 64) -> list[Int8Row]:
-    return [analyze(label, t, f, m, k, n) for label, t, f in CONFIGS]
+    rows = [analyze(label, t, f, m, k, n, s) for label, t, f in CONFIGS for s in ("direct", "ukernel")]
+    return [r for r in rows if r is not None]
 
 
 def markdown(rows: list[Int8Row]) -> str:
-    out = ["| ISA | 8-bit dot product | hot-loop instructions | MACs / iteration | instructions per MAC | "
-           "MACs / cycle (llvm-mca) |", "|---|---|---:|---:|---:|---:|"]
+    out = ["| ISA | strategy | 8-bit dot product | hot-loop instructions | MACs / iteration | instructions per MAC | "
+           "MACs / cycle (llvm-mca) |", "|---|---|---|---:|---:|---:|---:|"]
     for r in rows:
         mpc = f"{r.macs / r.cycles:.1f}" if r.cycles else "·"
-        out.append(f"| {r.label} | {r.method} | {r.loop_instructions} | {r.macs} | {r.instructions_per_mac:.3f} | "
-                   f"{mpc} |")
+        out.append(f"| {r.label} | {r.strategy} | {r.method} | {r.loop_instructions} | {r.macs} | "
+                   f"{r.instructions_per_mac:.3f} | {mpc} |")
     return "\n".join(out)
 
 

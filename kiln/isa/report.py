@@ -127,7 +127,25 @@ def to_markdown(isa: dict[str, Any]) -> list[str]:
     summary = summary_lines(isa)
     if summary:
         lines += ["### 1-D vector work vs matrix work", ""] + [f"- {s}" for s in summary]
+    for key, title in LOW_PRECISION:
+        if isa.get(key):
+            lines += ["", f"### {title}", "", isa[key]]
     return lines
+
+
+# the low-precision sections (`kiln bench --isa --precision int8,bf16`): Markdown tables from kiln/isa/int8.py, bf16.py
+LOW_PRECISION = (
+    ("int8", "int8: instructions per 8-bit multiply-accumulate, direct vs microkernel (python -m kiln.isa.int8)"),
+    ("bf16", "bf16: multiply-accumulates per instruction (python -m kiln.isa.bf16)"))
+
+
+def table_html(markdown: str) -> str:
+    """A Markdown table (header, rule, rows) as an HTML table."""
+    e = html.escape
+    rows = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in markdown.splitlines() if ln.strip()]
+    head = "".join(f"<th>{e(c)}</th>" for c in rows[0])
+    body = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows[2:])
+    return f'<div class="wide"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
 def to_html(isa: dict[str, Any]) -> str:
@@ -146,4 +164,7 @@ def to_html(isa: dict[str, Any]) -> str:
     if summary:
         parts.append("<h3>1-D vector work vs matrix work</h3><ul>"
                      + "".join(f"<li>{e(s)}</li>" for s in summary) + "</ul>")
+    for key, title in LOW_PRECISION:
+        if isa.get(key):
+            parts.append(f"<h3>{e(title)}</h3>" + table_html(isa[key]))
     return "".join(parts) + "</section>"

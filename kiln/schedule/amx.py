@@ -281,7 +281,7 @@ def in_place(k: Kernel, c: Compute, a: Load, red: Reduce, row_axes: tuple[Var, .
     if len(row_axes) == 1:
         (m,) = row_axes
         cm = coef(fa, m)
-        if not cm or cm < 0:
+        if cm is None or cm < 0 or (cm == 0 and extents[m] > 1):  # one row (a batch-1 classifier) may not move A
             return None
         a_flat = substitute(fa, {m: zero, **{v: zero for v, _ in red.axes}}) + q * cm
         return Rows(row_axes, extents[m], {m: q}, None, size * cm, steps, a_flat, a.buf)

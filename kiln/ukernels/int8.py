@@ -92,7 +92,32 @@ def int8_ukernel(method: str, ab: str, mr: int, nr: int) -> Int8UKernel:
     return Int8UKernel(name, method, ab, mr, nr, _kernel_ir(name, method, ab, mr, nr, lanes))
 
 
+ARGS = ("ptr noalias nocapture readonly %A, i64 %lda, i64 %rows, ptr noalias nocapture readonly %B, "
+        "ptr noalias nocapture %C, i64 %ldc, i64 %n2, i64 %sa2, i64 %n1, i64 %sa1, i64 %n0, i64 %sa0, i64 %K4")
+
+
 def _kernel_ir(name: str, method: str, ab: str, mr: int, nr: int, w: int) -> str:
+    """The kernel: a whole tile (rows = MR) runs a copy whose rows are A + i·lda — linear, so the row addresses
+    share base registers (base + lda·{1, 2, 4, 8}) — instead of MR clamped row pointers, which need more general
+    registers than x86 has beside the loop's own (spilled and reloaded every step at MR = 14)."""
+    typed = ", ".join(" ".join([a.split()[0], a.split()[-1]]) for a in ARGS.split(", "))
+    return "\n".join([
+        f"define internal void @{name}({ARGS}) nounwind noinline {{",
+        "entry:",
+        f"  %full = icmp eq i64 %rows, {mr}",
+        "  br i1 %full, label %whole, label %part",
+        "whole:",
+        f"  call void @{name}.whole({typed})",
+        "  ret void",
+        "part:",
+        f"  call void @{name}.part({typed})",
+        "  ret void",
+        "}",
+        _body_ir(f"{name}.whole", method, ab, mr, nr, w, clamp=False),
+        _body_ir(f"{name}.part", method, ab, mr, nr, w, clamp=True)]) + "\n".join(_decls(method, w)) + "\n"
+
+
+def _body_ir(name: str, method: str, ab: str, mr: int, nr: int, w: int, clamp: bool) -> str:
     out: list[str] = []
     emit = out.append
     mm = method == "i8mm"
@@ -101,15 +126,16 @@ def _kernel_ir(name: str, method: str, ab: str, mr: int, nr: int, w: int) -> str
     accs = [(i, v) for i in range(mr // 2) for v in range(nr // 2)] if mm else [(i, v) for i in range(mr)
                                                                                for v in range(nv)]
     at = "<4 x i32>" if mm else f"<{w} x i32>"
-    emit(f"define internal void @{name}(ptr noalias nocapture readonly %A, i64 %lda, i64 %rows, "
-         "ptr noalias nocapture readonly %B, ptr noalias nocapture %C, i64 %ldc, i64 %n2, i64 %sa2, i64 %n1, "
-         "i64 %sa1, i64 %n0, i64 %sa0, i64 %K4) nounwind noinline {")
+    emit(f"define internal void @{name}({ARGS}) nounwind noinline {{")
     emit("entry:")
     emit("  %last = sub i64 %rows, 1")
     for i in range(mr):
-        emit(f"  %lt.{i} = icmp slt i64 {i}, %rows")
-        emit(f"  %ri.{i} = select i1 %lt.{i}, i64 {i}, i64 %last")
-        emit(f"  %ro.{i} = mul i64 %ri.{i}, %lda")
+        if clamp:
+            emit(f"  %lt.{i} = icmp slt i64 {i}, %rows")
+            emit(f"  %ri.{i} = select i1 %lt.{i}, i64 {i}, i64 %last")
+            emit(f"  %ro.{i} = mul i64 %ri.{i}, %lda")
+        else:
+            emit(f"  %ro.{i} = mul i64 %lda, {i}")
         emit(f"  %arow.{i} = getelementptr i8, ptr %A, i64 %ro.{i}")
     emit("  %n10 = mul i64 %n1, %n0")
     emit("  %nsteps = mul i64 %n2, %n10")
@@ -199,7 +225,7 @@ def _kernel_ir(name: str, method: str, ab: str, mr: int, nr: int, w: int) -> str
             _store_row(emit, f"%fin.{i}.{v}", at, i, v * w)
     emit("  ret void")
     emit("}")
-    return "\n".join(out) + "\n" + "\n".join(_decls(method, w)) + "\n"
+    return "\n".join(out) + "\n"
 
 
 def _store_row(emit, value: str, vt: str, row: int, col: int) -> None:  # noqa: ANN001
