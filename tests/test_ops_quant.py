@@ -7,6 +7,7 @@ Tolerances: integer outputs (QuantizeLinear, QLinear*, *Integer) equal onnxrunti
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import tempfile
 
@@ -539,6 +540,25 @@ def test_int8_ukernel_aarch64_under_qemu(tmp_path, features: str, method: str) -
         assert np.array_equal(outs[0], run_ort(m, feeds)[0]), name
         asm = (tmp_path / name / "model.s").read_text()
         assert f"kiln_ukr_{method}_s8s8_" in asm and ("smmla" in asm) == (method == "i8mm"), name
+
+
+@pytest.mark.parametrize("vlen", [128, 256])
+def test_int8_riscv_under_qemu(tmp_path, vlen: int) -> None:  # noqa: ANN001
+    """RVV: the integer anchors on widening multiply-adds (vwmacc.vx / vwmaccsu.vx), requantized to u8 through a 32-bit
+    convert (qemu 7.2 asserts on RVV's narrowing float→int converts); exact against onnxruntime at two VLENs."""
+    import kiln.cross as kc
+    from kiln.cross import have_toolchain
+
+    if have_toolchain("riscv64"):
+        pytest.skip(have_toolchain("riscv64"))
+    x = rand(1, 8, 9, 7, lo=0, hi=255, dtype="uint8")
+    a = rand(2, 5, 37, lo=0, hi=255, dtype="uint8", seed=8)
+    for name, m, feeds in (("conv", qlinear_conv_model(x, 16, 1, "uint8", True), {"x": x}),
+                           ("matmul", qlinear_matmul_model(a, 21), {"a": a})):
+        b = kc.build_binary(m, "riscv64-rvv", str(tmp_path / name))
+        outs, _ = kc.run_qemu(b, feeds, vlen=vlen)
+        assert np.array_equal(outs[0], run_ort(m, feeds)[0]), name
+        assert re.search(r"\bvwmacc(su)?\.vx\b", (tmp_path / name / "model.s").read_text()), name
 
 
 def test_isa_int8_report() -> None:

@@ -15,8 +15,9 @@ loop (kiln/isa/mca.py) with the most dot-product instructions; MACs per iteratio
 
 Each target twice: `direct` (the register tile, schedule/int8.py, codegen/int8.py) and `ukernel` (the hand-written
 8-bit microkernel, kiln/ukernels/int8.py, where the target has one), the same hot-loop count on each's assembly.
-RVV is not in the table: the integer anchors on scalable vectors run the plain integer loops (no dot-product
-form there yet)."""
+RVV is not in the table (its MACs per instruction depend on the run-time vl): the integer anchors on scalable vectors
+run the plain integer loops, which LLVM vectorizes into widening multiply-adds (vwmacc.vx / vwmaccsu.vx: one 8-bit
+weight times a vector of activations per instruction), tested exact under qemu (tests/test_ops_quant.py)."""
 from __future__ import annotations
 
 import argparse
