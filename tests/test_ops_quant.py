@@ -484,13 +484,31 @@ def test_int8_ukernels_against_numpy() -> None:
             del ee
 
 
-def test_int8_library_strategy_says_not_available() -> None:
-    """No vendor integer GEMM is bound: an integer anchor asked for `library` is built directly, and says why."""
+@pytest.mark.parametrize("library", ["onednn", "mkl", "openblas"])
+def test_int8_library_strategy(library: str) -> None:
+    """`library:<name>` on integer anchors: a GEMM on the library's integer GEMM (oneDNN dnnl_gemm_u8s8s32 /
+    s8s8s32, MKL cblas_gemm_s8u8s32), the requantizing epilogue after it — exact against onnxruntime; a library
+    without one (OpenBLAS), and any integer conv, is built directly and says why."""
+    from kiln.library import available
+
+    ok, why = available(library)
+    if not ok:
+        pytest.skip(why)
+    a = rand(2, 5, 37, lo=0, hi=255, dtype="uint8", seed=8)
+    m = qlinear_matmul_model(a, 21)
+    compare(m, {"a": a}, strategy=f"library:{library}")
+    built = set(kiln.compile(m, strategy=f"library:{library}", cache=False).meta["strategies"].values())
+    if library == "openblas":
+        assert built == {"direct (library:openblas not available: no integer GEMM for uint8 activations in "
+                         "library:openblas (library:onednn has u8 and s8, library:mkl u8))"}, built
+    else:
+        assert built == {f"library:{library}"}, built
     x = rand(1, 8, 9, 7, lo=0, hi=255, dtype="uint8")
-    m = qlinear_conv_model(x, 16, 1, "uint8", True)
-    compare(m, {"x": x}, strategy="library")
-    built = kiln.compile(m, strategy="library", cache=False).meta["strategies"]
-    assert set(built.values()) == {"direct (library not available: no integer GEMM in Kiln's library bindings)"}
+    conv = qlinear_conv_model(x, 16, 1, "uint8", True)
+    compare(conv, {"x": x}, strategy=f"library:{library}")
+    built = set(kiln.compile(conv, strategy=f"library:{library}", cache=False).meta["strategies"].values())
+    assert built == {f"direct (library:{library} not available: no library builds an integer convolution "
+                     "(integer GEMMs: library:onednn, library:mkl))"}, built
 
 
 # -- cross ISAs (qemu) -----------------------------------------------------------------------------------------------

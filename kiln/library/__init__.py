@@ -108,3 +108,8 @@ def bind_symbols(symbols: list[str] | dict[str, object], num_threads: int) -> Bo
         llvm.add_symbol(sym, addr)
         bound.addresses[sym] = addr
     return bound
+
+
+def integer_gemm(name: str, a_dtype: str) -> str:
+    """The symbol of library `name`'s GEMM for `a_dtype` activations × s8 weights → int32, or '' (none)."""
+    return getattr(MODULES[name], "IGEMM", {}).get(a_dtype, "")

@@ -1,4 +1,6 @@
-"""Intel oneMKL from the `mkl` wheel: `cblas_sgemm` of `libmkl_rt` (LP64 interface: 32-bit ints).
+"""Intel oneMKL from the `mkl` wheel: `cblas_sgemm` of `libmkl_rt` (LP64 interface: 32-bit ints), and for the integer
+anchors `cblas_gemm_s8u8s32`, which row-major takes u8 A (the activations) and s8 B (checked against NumPy in the
+tests); s8 activations have no MKL GEMM (its other integer GEMM is s16).
 
 Threads: the GNU OpenMP threading layer (MKL_THREADING_LAYER=GNU, read by libmkl_rt at its first call: the
 Intel layer's libiomp5 misbehaves once another libgomp is in the global scope, see kiln/bench/peers/mkl.py),
@@ -14,14 +16,16 @@ from __future__ import annotations
 import ctypes
 import os
 
-from kiln.kernel.ir import Addr, Call
+from kiln.kernel.ir import Addr, Call, Const
 from kiln.library._load import prefix_lib
 from kiln.library.openblas import cblas_sgemm
 
 NAME = "mkl"
 WHEEL = "mkl"
 SGEMM = "cblas_sgemm"
-SYMBOLS = (SGEMM,)
+IGEMM = {"uint8": "cblas_gemm_s8u8s32"}
+SYMBOLS = (SGEMM, *IGEMM.values())
+ROW_MAJOR, NO_TRANS, FIX_OFFSET = 101, 111, 173   # CBLAS_LAYOUT, CBLAS_TRANSPOSE, CBLAS_OFFSET
 GOMP_SPINCOUNT = 20000
 
 _lib: ctypes.CDLL | None = None
@@ -57,3 +61,16 @@ def set_threads(n: int) -> None:
 def sgemm_call(trans_a: bool, trans_b: bool, m: int, n: int, k: int, a: Addr, lda: int, b: Addr, ldb: int,
                c: Addr, ldc: int) -> Call:
     return cblas_sgemm(SGEMM, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc)
+
+
+def igemm_call(a_dtype: str, m: int, n: int, k: int, a: Addr, lda: int, b: Addr, ldb: int, c: Addr, ldc: int,
+               co: Addr) -> Call | None:
+    """C[M×N] int32 = A[M×K] u8 · B[K×N] s8, row-major, no offsets: cblas_gemm_s8u8s32(RowMajor, N, N, FixOffset,
+    M, N, K, 1, A, lda, 0, B, ldb, 0, 0, C, ldc, co → one int32 zero); None for s8 activations."""
+    if a_dtype not in IGEMM:
+        return None
+    def i32(v: int) -> Const:
+        return Const(int(v), "int32")
+    return Call(IGEMM[a_dtype], (i32(ROW_MAJOR), i32(NO_TRANS), i32(NO_TRANS), i32(FIX_OFFSET), i32(m), i32(n), i32(k),
+                                 Const(1.0, "float32"), a, i32(lda), i32(0), b, i32(ldb), i32(0), Const(0.0, "float32"),
+                                 c, i32(ldc), co))

@@ -1,4 +1,5 @@
-"""oneDNN from the `onednn` wheel: `dnnl_sgemm` of `libdnnl` (row-major, 64-bit dimensions).
+"""oneDNN from the `onednn` wheel: `dnnl_sgemm` of `libdnnl` (row-major, 64-bit dimensions), and its integer GEMMs
+`dnnl_gemm_u8s8s32` / `dnnl_gemm_s8s8s32` (u8 or s8 activations × s8 weights → int32) for the integer anchors.
 
 The wheel's libdnnl is built with the SYCL CPU runtime, whose host threading is oneTBB; it has no RUNPATH, so
 its dependencies (libtbb, the Intel compiler runtime, libsycl, in the interpreter's lib dir) are dlopened first
@@ -19,7 +20,8 @@ from kiln.library._load import load_global, prefix_lib
 NAME = "onednn"
 WHEEL = "onednn"
 SGEMM = "dnnl_sgemm"
-SYMBOLS = (SGEMM,)
+IGEMM = {"uint8": "dnnl_gemm_u8s8s32", "int8": "dnnl_gemm_s8s8s32"}  # by A's (the activation's) type; B is s8
+SYMBOLS = (SGEMM, *IGEMM.values())
 _DEPS = ("libtbb.so.12", "libintlc.so.5", "libimf.so", "libsvml.so", "libirng.so", "libsycl.so.9")
 _GC_CREATE = "_ZN3tbb6detail2r16createERNS0_2d114global_controlE"
 _GC_DESTROY = "_ZN3tbb6detail2r17destroyERNS0_2d114global_controlE"
@@ -97,3 +99,17 @@ def sgemm_call(trans_a: bool, trans_b: bool, m: int, n: int, k: int, a: Addr, ld
     flag = {False: Const(ord("N"), "int32"), True: Const(ord("T"), "int32")}
     return Call(SGEMM, (flag[trans_a], flag[trans_b], i64(m), i64(n), i64(k), Const(1.0, "float32"), a, i64(lda),
                         b, i64(ldb), Const(0.0, "float32"), c, i64(ldc)))
+
+
+def igemm_call(a_dtype: str, m: int, n: int, k: int, a: Addr, lda: int, b: Addr, ldb: int, c: Addr, ldc: int,
+               co: Addr) -> Call | None:
+    """C[M×N] int32 = A[M×K] (u8 or s8) · B[K×N] (s8), row-major, no offsets (Kiln folds the zero points into the
+    epilogue's addend): dnnl_gemm_{u8,s8}s8s32('N', 'N', 'F', M, N, K, 1, A, lda, 0, B, ldb, 0, 0, C, ldc, co) with
+    co → one int32 zero. None for an activation type it has no GEMM for."""
+    if a_dtype not in IGEMM:
+        return None
+    def i64(v: int) -> Const:
+        return Const(int(v), "int64")
+    return Call(IGEMM[a_dtype], (Const(ord("N"), "int32"), Const(ord("N"), "int32"), Const(ord("F"), "int32"),
+                                 i64(m), i64(n), i64(k), Const(1.0, "float32"), a, i64(lda), Const(0, "int32"), b,
+                                 i64(ldb), Const(0, "int32"), Const(0.0, "float32"), c, i64(ldc), co))

@@ -21,8 +21,9 @@ edge rows clamp their reads and guard their stores; the epilogue (int32 → floa
 round, clamp, narrowing store) runs on the accumulators while they are in registers.
 
 Strategies: `ukernel` builds the anchor on the 8-bit microkernels instead (schedule/int8_ukernel.py: the same
-reduction in a hand-written kernel, the epilogue on the int32 tile it stores); where that does not apply, and for
-`library` (no vendor integer GEMM is bound), the anchor is built here and exe.meta["strategies"] says
+reduction in a hand-written kernel, the epilogue on the int32 tile it stores); `library` builds a GEMM on the
+library's integer GEMM where it has one (schedule/library.py; those weights are not packed); otherwise — an integer
+conv under `library`, a GEMM under a library without one — the anchor is built here and exe.meta["strategies"] says
 "direct (<strategy> not available: why)". Under `direct` the tuner's knob `strategy` may pick the microkernel.
 Returns None (the default schedule then runs the plain integer loops) where the form does not match."""
 from __future__ import annotations
@@ -99,8 +100,11 @@ def schedule_int8(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
         if nest is not None:
             k.strategies[node] = "ukernel"
             return nest
-    elif strategy.startswith("library"):  # no vendor integer GEMM is bound (kiln/library: float GEMMs only)
-        why = "no integer GEMM in Kiln's library bindings"
+    elif strategy.startswith("library"):  # (a QMatMul whose library has an integer GEMM never gets here)
+        why = ("no library builds an integer convolution (integer GEMMs: library:onednn, library:mkl)"
+               if c.hints.get("int8") == "conv" else
+               f"no integer GEMM for {int8_form(c).a.dtype} activations in {strategy} (library:onednn has u8 and "
+               "s8, library:mkl u8)")
     k.strategies[node] = f"direct ({strategy} not available: {why})" if why else "direct"
     return dot_tile(c, tag, target, threads, int8_form, dec)
 

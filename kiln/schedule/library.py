@@ -25,6 +25,11 @@ the library threads each call), and a MatMul without epilogue writes `out` direc
 (+ Transpose views → trans flags, + alpha/beta/bias → epilogue). A 1×1 stride-1 convolution reads its input as
 B = X[Ci, H·W] in place.
 
+Integer anchors (an unpacked QMatMul, kernel/lower_quant.py: out = E(Σ_k i32(A[m, k]) · i32(B[k, n]))) take the
+library's integer GEMM the same way — int32 C = u8/s8 A · s8 B, no offsets (the zero points are in Kiln's epilogue
+addend) — where it has one (kiln/library: oneDNN u8 and s8 activations, MKL u8; graph/passes/quantize_qdq.py keeps
+those weights unpacked for it); their operands are never copied (a copy would be a float one).
+
 Falls back to the direct loop nest (returns None; `Kernel.strategies` records "direct" and the reason is
 logged on the `kiln.library` logger) when: the reduction is not a sum of products of two float32 loads; an
 index is not affine with constant non-negative strides (a grouped convolution's channel index `co // cog`);
@@ -48,6 +53,7 @@ from kiln.kernel.ir import (
     Bin,
     Buffer,
     Call,
+    Cast,
     Compute,
     Const,
     Expr,
@@ -56,6 +62,7 @@ from kiln.kernel.ir import (
     Loop,
     Reduce,
     Stmt,
+    Store,
     Var,
     substitute,
     uses_var,
@@ -149,8 +156,10 @@ def match_gemm(k: Kernel, c: Compute) -> Gemm:
     prod = r.body
     if not (isinstance(prod, Bin) and prod.op == "*"):
         raise NotApplicable(f"the summand is not a product ({prod!r})")
-    if any(e.dtype != "float32" for e in (prod.a, prod.b)) or k.buffer(c.out).dtype != "float32":
-        raise NotApplicable("SGEMM needs float32 operands and result")
+    if integer_product(prod) is not None:  # i32(A) · i32(B) of 8-bit loads: the integer GEMM's operands as loaded
+        prod = Bin("*", prod.a.a, prod.b.a)
+    elif any(e.dtype != "float32" for e in (prod.a, prod.b)) or k.buffer(c.out).dtype != "float32":
+        raise NotApplicable("SGEMM needs float32 operands and result (or 8-bit operands widened to int32)")
     unit = {v: ZERO for v, n in list(zip(c.axes, c.extents)) + list(r.axes) if n == 1}
     out_axes = [(v, n) for v, n in zip(c.axes, c.extents) if n > 1]
     red_axes = [(v, n) for v, n in r.axes if n > 1]
@@ -182,6 +191,15 @@ def match_gemm(k: Kernel, c: Compute) -> Gemm:
     fit = as_matrix(m, n_, store.strides)
     direct_c = c.body == r and fit is not None and not fit[0]
     return Gemm(batch, m, n_, red_axes, a, b, store if direct_c else None, r)
+
+
+def integer_product(prod: Expr) -> tuple[str, str] | None:
+    """(A's dtype, B's dtype) when `prod` is i32(load) · i32(load) of 8-bit values, else None."""
+    if isinstance(prod, Bin) and prod.op == "*" and all(
+            isinstance(x, Cast) and x.dtype == "int32" and isinstance(x.a, Load) and x.a.dtype in ("uint8", "int8")
+            for x in (prod.a, prod.b)):
+        return prod.a.a.dtype, prod.b.a.dtype
+    return None
 
 
 def _copy(k: Kernel, op: Operand, deps: list[Axis], rows: list[Axis], cols: list[Axis], name: str,
@@ -217,6 +235,9 @@ def schedule_library(k: Kernel, c: Compute, tag: str, target: Target, threads: i
     node = c.hints.get("node", c.out)
     try:
         g = match_gemm(k, c)
+        dtypes = integer_product(g.reduce.body)
+        if dtypes is not None:
+            return _integer(k, c, g, lib, name, dtypes, tag, target, threads, options)
     except NotApplicable as e:
         log.info("node %s: library:%s does not apply, emitted directly: %s", node, name, e)
         return None
@@ -260,6 +281,40 @@ def schedule_library(k: Kernel, c: Compute, tag: str, target: Target, threads: i
     log.debug("node %s: library:%s, %d call(s) of sgemm M=%d N=%d K=%d, %d copy-in, epilogue %s", node, name,
               _size(g.batch), _size(g.m), _size(g.n), _size(g.k), len(pre), "separate" if post else "none")
     return body
+
+
+def _integer(k: Kernel, c: Compute, g: Gemm, lib: object, name: str, dtypes: tuple[str, str], tag: str,
+             target: Target, threads: int, options: dict[str, bool]) -> list[Stmt]:
+    """An integer anchor on the library's integer GEMM: one call per batch item into int32 scratch (the library
+    threads it), then the epilogue (requantization) as its own pass over C."""
+    from kiln.schedule.default import schedule_compute
+
+    a_buf = g.a.buf and k.buffer(g.a.buf).dtype
+    if g.a.expr is not None or g.b.expr is not None or dtypes[1] != "int8" or a_buf != dtypes[0]:
+        raise NotApplicable("the integer GEMM takes the activation (u8/s8) as A and the s8 weights as B, as loaded")
+    fa, fb = as_matrix(g.m, g.k, g.a.strides), as_matrix(g.k, g.n, g.b.strides)
+    if fa is None or fa[0] or fb is None or fb[0]:
+        raise NotApplicable("the integer GEMM's operands must be row-major matrices")
+    axes = g.batch + g.m + g.n
+    acc = Buffer(f"{c.out}_c{tag}", "int32", tuple(n for _, n in axes))
+    co = Buffer(f"{c.out}_co{tag}", "int32", (1,))
+    k.scratch += [acc, co]
+    index = tuple(v for v, _ in axes)
+    call = getattr(lib, "igemm_call", lambda *_: None)(
+        dtypes[0], _size(g.m), _size(g.n), _size(g.k), _at_origin(g.a, g.m + g.k), fa[1], _at_origin(g.b, g.k + g.n),
+        fb[1], _at_origin(Operand(acc.name, index, {}), g.m + g.n), max(_size(g.n), 1), Addr(co.name, (ZERO,)))
+    if call is None:
+        raise NotApplicable(f"library:{name} has no GEMM for {dtypes[0]} activations")
+    nest: list[Stmt] = [call]
+    for v, e in reversed(g.batch):  # serial: the library threads each call
+        nest = [Loop(v, Const(e, "int64"), nest)]
+    if call.fn not in k.symbols:
+        k.symbols.append(call.fn)
+    k.strategies[c.hints.get("node", c.out)] = f"library:{name}"
+    epilogue = Compute(c.out, c.axes, c.extents, substitute(c.body, {g.reduce: Load(acc.name, index, "int32")}),
+                       c.store)
+    return [Store(co.name, (ZERO,), Const(0, "int32")), *nest,
+            *schedule_compute(k, epilogue, f"{tag}e0", target, threads, options)]
 
 
 def _flat(stmts: list[Stmt]) -> list[Stmt]:

@@ -302,11 +302,17 @@ def _integer_op_anchor(g: Graph, n: Node, act: str, new: list[Node]) -> Value | 
 
 
 def packed_matmul(g: Graph, q: Node, target: Target) -> Node:
-    """QMatMul → QPackedMatMul (weights in the VNNI layout, graph/quant_pack.py) on fixed-width targets (every
-    strategy: the integer anchors are emitted directly, schedule/int8.py)."""
+    """QMatMul → QPackedMatMul (weights in the VNNI layout, graph/quant_pack.py) on fixed-width targets, for the
+    register tile and the microkernels (schedule/int8.py, int8_ukernel.py); under a library strategy whose library
+    has an integer GEMM for these activations the weights stay as they are, for it (schedule/library.py)."""
     w = q.inputs[1]
     if target.scalable or w.const is None:
         return q
+    strategy = str(q.attrs.get("strategy", "direct"))
+    if strategy.startswith("library"):
+        from kiln.library import integer_gemm, library_of
+        if integer_gemm(library_of(strategy), q.inputs[0].dtype):
+            return q
     nr = 2 * target.lanes(32)
     bp = _const(g, pack_qmatmul(w.const, nr), w.name + ".packed")
     return _node(g, "QPackedMatMul", [q.inputs[0], bp] + q.inputs[2:],
