@@ -1,15 +1,17 @@
 """Kiln int8 (kiln.quantize → kiln.compile) against Kiln fp32, onnxruntime fp32 and onnxruntime int8, with quality.
 
     python benchmarks/int8_report.py conv_r50_3x3 gemm_1024 [resnet50 mobilenetv2 bert_base]
-           [--calib 100] [--quality 500] [--rounds 7] [--runs 5] [--threads 2] [--target host] [--ukernel]
+           [--calib 100] [--quality 500] [--rounds 7] [--runs 5] [--threads 2] [--target host]
+           [--strategies ukernel,library:onednn]
     (wrap in `flock /tmp/kiln-measure.lock` on a shared machine)
 
 Per workload (kiln.zoo, random weights built in code; inputs are zoo.inputs with seeds 100.. for calibration and
 1000.. for quality):
   systems     kiln-fp32     kiln.compile(model)
               kiln-int8     kiln.compile(kiln.quantize(model, calib, method="minmax"))  (exe.meta["int8"] shown)
-              kiln-int8-ukr the same quantized model with strategy="ukernel" (--ukernel): the integer anchors on
-                            the 8-bit microkernels (kiln/ukernels/int8.py), outputs checked equal to kiln-int8's
+              kiln-int8-<s> the same quantized model built with strategy s (--strategies: `ukernel`, the 8-bit
+                            microkernels of kiln/ukernels/int8.py; `library:onednn` / `library:mkl`, their integer
+                            GEMMs), the anchors' strategies printed and the outputs checked equal to kiln-int8's
               ort-fp32      onnxruntime, 2 threads
               ort-int8      onnxruntime on its own quantize_static model (quant_pre_process, then QDQ, S8S8,
                             per-channel), same calib set
@@ -118,12 +120,12 @@ def report(name: str, a: argparse.Namespace) -> None:
     f = quality[0]
     runners = {"kiln-int8": lambda: exe_q.run(f), "kiln-fp32": lambda: exe_f.run(f),
                "ort-int8": lambda: s_q.run(None, f), "ort-fp32": lambda: s_f.run(None, f)}
-    if a.ukernel:
-        exe_u = kiln.compile(kq, target=a.target, num_threads=a.threads, strategy="ukernel")
-        built = sorted(set(exe_u.meta["strategies"].values()))
-        same = all(np.array_equal(exe_u.run(x)[0], exe_q.run(x)[0]) for x in quality[:3])
-        print(f"kiln-int8-ukr: anchors built {built}; outputs equal to kiln-int8's: {same}")
-        runners["kiln-int8-ukr"] = lambda: exe_u.run(f)
+    for strategy in [x for x in a.strategies.split(",") if x]:
+        exe_s = kiln.compile(kq, target=a.target, num_threads=a.threads, strategy=strategy)
+        built = sorted(set(exe_s.meta["strategies"].values()))
+        same = all(np.array_equal(exe_s.run(x)[0], exe_q.run(x)[0]) for x in quality[:3])
+        print(f"kiln-int8-{strategy}: anchors built {built}; outputs equal to kiln-int8's: {same}")
+        runners[f"kiln-int8-{strategy}"] = lambda exe_s=exe_s: exe_s.run(f)
     ms = measure(runners, a.rounds, a.runs)
     print("| system | median ms | kiln-int8 / system |")
     print("|---|---|---|")
@@ -140,7 +142,7 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--target", default="host")
-    p.add_argument("--ukernel", action="store_true", help="also Kiln int8 on the 8-bit microkernels")
+    p.add_argument("--strategies", default="", help="also Kiln int8 built with these strategies (comma-separated)")
     a = p.parse_args()
     for name in a.workloads:
         report(name, a)

@@ -383,12 +383,15 @@ def finish_cache_writes() -> None:
         _finish_saving(path)
 
 
-def _int8_meta(g: Graph, tgt: Target) -> str | None:
-    """How this build's 8-bit dot products run (VNNI or the named fallback), when it has integer anchors."""
-    if not any(n.op in ("QConv", "QMatMul", "QPackedConv", "QPackedMatMul") for n in g.nodes):
+def _int8_meta(g: Graph, tgt: Target, precision: dict[str, str]) -> str | None:
+    """How this build's 8-bit dot products run (VNNI or the named fallback; AMX tiles where anchors took them: their
+    `precision` is "amx"), when it has integer anchors."""
+    anchors = {n.name for n in g.nodes if n.op in ("QConv", "QMatMul", "QPackedConv", "QPackedMatMul")}
+    if not anchors:
         return None
     from kiln.codegen.int8 import dot_method
-    return dot_method(tgt)
+    amx = any(precision.get(a) == "amx" for a in anchors)
+    return f"tdpbusd (AMX tiles), elsewhere {dot_method(tgt)}" if amx else dot_method(tgt)
 
 
 def executable_of(c: Compiled, tgt: Target, threads: int, bounds_check: bool = False):  # noqa: ANN201
@@ -419,7 +422,7 @@ def executable_of(c: Compiled, tgt: Target, threads: int, bounds_check: bool = F
                       **{node: how for k in c.program.kernels for node, how in k.precision.items()}},
         "amx": any(how == "amx" for k in c.program.kernels for how in k.precision.values()),
         "bounds_check": bool(bounds_check),
-        "int8": _int8_meta(g, tgt),
+        "int8": _int8_meta(g, tgt, {node: how for k in c.program.kernels for node, how in k.precision.items()}),
         "bounds_buffers": buffer_names(c.program) if bounds_check else [],
         "tuned": c.tuned,
     }

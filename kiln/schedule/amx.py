@@ -61,6 +61,7 @@ from kiln.kernel.ir import (
     Bin,
     Buffer,
     Call,
+    Cast,
     Compute,
     Const,
     Expr,
@@ -112,8 +113,51 @@ class Rows:
     a_buf: str = ""                # the buffer A is read from ("" = the anchor's own A operand)
 
 
+@dataclass(frozen=True)
+class Operands:
+    """What the tile kernels multiply (kiln/ukernels/amx.py DTYPES): bf16 pairs into float32, or 8-bit quads into
+    int32 (an integer anchor, graph/quant_pack.py's VNNI panels)."""
+    dtype: str     # the kernels' element kind: bf16 | u8s8 | s8s8
+    elem: str      # A's element type: bfloat16 | uint8 | int8
+    size: int      # bytes per A element
+    group: int     # K values per VNNI group of B
+    kb: int        # K values per kernel step (one A tile row: KB·size ≤ 64 bytes)
+    acc: str       # C's element type
+
+
+BF16 = Operands("bf16", "bfloat16", 2, 2, KB, "float32")
+
+
+def _int8_operands(a: Load, e_last: int, kp: int, K: int) -> Operands | None:
+    """The 8-bit operands with the widest step (64, 32 or 16 bytes per A row) that the rows can be read with: in
+    place (the innermost reduction axis a multiple of it: a blocked conv's 32-channel block takes 32), else packed
+    (the panel's padded K a multiple of it)."""
+    kb = next((x for x in (64, 32, 16) if e_last % x == 0 and kp == K), 0) or \
+        next((x for x in (64, 32, 16) if kp % x == 0), 0)
+    dtype = "u8s8" if a.dtype == "uint8" else "s8s8"
+    return Operands(dtype, a.dtype, 1, 4, kb, "int32") if kb else None
+
+
+def _factors(prod: Expr, n_v: Var) -> tuple[Load, Load, bool] | None:
+    """(A, B, integer) of the product A · B (B the factor that moves with the column n), or None: two bf16 loads, or
+    two 8-bit loads widened to int32 (u8/s8 A, s8 B)."""
+    if not (isinstance(prod, Bin) and prod.op == "*"):
+        return None
+    x, y = prod.a, prod.b
+    integer = all(isinstance(f, Cast) and f.dtype == "int32" for f in (x, y))
+    if integer:
+        x, y = x.a, y.a
+    b, a = (y, x) if uses_var(y, n_v) else (x, y)
+    if not (isinstance(a, Load) and isinstance(b, Load)) or uses_var(a, n_v):
+        return None
+    if integer:
+        return (a, b, True) if a.dtype in ("uint8", "int8") and b.dtype == "int8" else None
+    return (a, b, False) if a.dtype == b.dtype == "bfloat16" else None
+
+
 def schedule_amx(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
                  options: dict[str, bool]) -> list[Stmt] | None:
+    """The AMX nest of a bf16 anchor or of an integer one (schedule/int8.py), or None where it does not apply."""
     if not options.get("amx", True) or target.arch != "x86_64" or not usable(target.features):
         return None
     if c.hints.get("depthwise") or c.store is not None:
@@ -133,15 +177,15 @@ def schedule_amx(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
     if c.hints.get("out_block"):
         c = merge_channel_blocks(c)
     reds = [e for e in walk(c.body) if isinstance(e, Reduce)]
-    if len(reds) != 1 or reds[0].op != "sum" or k.buffer(c.out).dtype not in ("float32", "bfloat16"):
+    if len(reds) != 1 or reds[0].op != "sum":
         return None
     red = reds[0]
     n_v, N = c.axes[-1], c.extents[-1]
-    prod = red.body
-    if not (isinstance(prod, Bin) and prod.op == "*"):
+    factors = _factors(red.body, n_v)
+    if factors is None:
         return None
-    b, a = (prod.b, prod.a) if uses_var(prod.b, n_v) else (prod.a, prod.b)
-    if not (isinstance(a, Load) and isinstance(b, Load) and a.dtype == b.dtype == "bfloat16") or uses_var(a, n_v):
+    a, b, integer = factors
+    if (integer and activation_b) or (not integer and k.buffer(c.out).dtype not in ("float32", "bfloat16")):
         return None
     K = int(np.prod([e for _, e in red.axes]))
     pre: list[Stmt] = []
@@ -150,22 +194,26 @@ def schedule_amx(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
         b, b_base, pack_b = _pack_b(k, c, b, red, nr, kp, tag, threads)
         pre.append(pack_b)
     else:
-        panels = vnni_panels(k, b, red, n_v, nr, K)
+        panels = vnni_panels(k, b, red, n_v, nr, K, group=4 if integer else 2)
         if panels is None:
             return None
         b_base, kp = panels
+    ops = _int8_operands(a, red.axes[-1][1], kp, K) if integer else BF16
+    if ops is None:
+        return None
     row_axes = spatial if spatial else (c.axes[c.hints["m_axis"] % len(c.axes)],)
     if any(v not in c.axes for v in row_axes):
         return None
-    rows = in_place(k, c, a, red, row_axes) if kp == K else None
+    rows = in_place(k, c, a, red, row_axes, ops.size, ops.kb) if kp == K else None
     if rows is None:
-        packed = _pack(k, c, a, red, row_axes, tag, threads, kp)
+        packed = _pack(k, c, a, red, row_axes, tag, threads, kp, ops)
         if packed is None:
             return None
         c, a, rows, pack_a = packed
         pre += pack_a
         red = next(e for e in walk(c.body) if isinstance(e, Reduce))
-    nest = _nest(k, c, red, b, b_base, rows, nr, N, kp, tag, target, threads if options.get("parallel", True) else 1)
+    nest = _nest(k, c, red, b, b_base, rows, nr, N, kp, tag, target, threads if options.get("parallel", True) else 1,
+                 ops)
     return pre + nest
 
 
@@ -299,8 +347,8 @@ def in_place(k: Kernel, c: Compute, a: Load, red: Reduce, row_axes: tuple[Var, .
 
 
 def _pack(k: Kernel, c: Compute, a: Load, red: Reduce, row_axes: tuple[Var, ...], tag: str,
-          threads: int, Kp: int) -> tuple[Compute, Load, Rows, list[Stmt]] | None:
-    """A packed into bf16 row tiles Ap[o, t, MR, Kp] (im2col for a conv), and the Rows that read it."""
+          threads: int, Kp: int, ops: Operands = BF16) -> tuple[Compute, Load, Rows, list[Stmt]] | None:
+    """A packed into row tiles Ap[o, t, MR, Kp] of its own type (im2col for a conv), and the Rows that read it."""
     if len(row_axes) == 2:
         hints = dict(c.hints)
         hints["spatial"] = tuple(c.axes.index(v) - len(c.axes) for v in row_axes)
@@ -308,21 +356,21 @@ def _pack(k: Kernel, c: Compute, a: Load, red: Reduce, row_axes: tuple[Var, ...]
         hints["n_axis"] = -1
         c = flatten_rows(Compute(c.out, c.axes, c.extents, c.body, c.store, hints))
         red = next(e for e in walk(c.body) if isinstance(e, Reduce))
-        prod = red.body
-        a = prod.a if isinstance(prod, Bin) and not uses_var(prod.a, c.axes[-1]) else prod.b
-        if not isinstance(a, Load):
+        factors = _factors(red.body, c.axes[-1])
+        if factors is None:
             return None
+        a = factors[0]
     m_v = c.axes[c.hints["m_axis"] % len(c.axes)]
     M = c.extents[c.axes.index(m_v)]
     K = int(np.prod([e for _, e in red.axes]))
-    if Kp % KB or Kp < K:
+    if Kp % ops.kb or Kp < K:
         return None  # the panels must hold whole steps (graph/passes/precision.py pads them)
     mr = MAX_MR  # rows are contiguous in Ap (Kp apart): the tile kernels cut them as they like
     n_tiles = -(-M // mr)
     others = [(v, e) for v, e in zip(c.axes[:-1], c.extents[:-1]) if v != m_v]
     n_o = int(np.prod([e for _, e in others])) if others else 1
     ap = f"Ap{tag}"
-    k.scratch.append(Buffer(ap, "bfloat16", (n_o, n_tiles, mr, Kp)))
+    k.scratch.append(Buffer(ap, ops.elem, (n_o, n_tiles, mr, Kp)))
     o, t, mi = Var(f"apo{tag}"), Var(f"apt{tag}"), Var(f"api{tag}")
     kflat: Expr = _i(0)
     for v, n in red.axes:
@@ -336,7 +384,8 @@ def _pack(k: Kernel, c: Compute, a: Load, red: Reduce, row_axes: tuple[Var, ...]
     body: list[Stmt] = [st]
     if Kp > K:
         kz = Var(f"apz{tag}")
-        body.append(Loop(kz, _i(Kp - K), [Store(ap, (o, t, mi, kz + K), Const(0.0, "bfloat16"))], "vector", 16, True))
+        zero = Const(0.0 if ops.elem == "bfloat16" else 0, ops.elem)
+        body.append(Loop(kz, _i(Kp - K), [Store(ap, (o, t, mi, kz + K), zero)], "vector", 16, True))
     pf = Var(f"appack{tag}")
     decode = _decode(others, pf // n_tiles)
     nest = Loop(pf, _i(n_o * n_tiles), rename([Loop(mi, _i(mr), body)], {o: pf // n_tiles, t: pf % n_tiles, **decode}),
@@ -344,9 +393,9 @@ def _pack(k: Kernel, c: Compute, a: Load, red: Reduce, row_axes: tuple[Var, ...]
     q = Var("q")
     o_flat = _flat_of(others)
     a_flat = (o_flat * n_tiles * mr * Kp if others else _i(0)) + q * Kp
-    rows = Rows((m_v,), n_tiles * mr, {m_v: q}, cmp("<", q, _i(M)) if M % mr else None, 2 * Kp,
-                [(Kp // KB, 2 * KB)], a_flat, ap)
-    ap_load = Load(ap, (_i(0),), "bfloat16")
+    rows = Rows((m_v,), n_tiles * mr, {m_v: q}, cmp("<", q, _i(M)) if M % mr else None, ops.size * Kp,
+                [(Kp // ops.kb, ops.size * ops.kb)], a_flat, ap)
+    ap_load = Load(ap, (_i(0),), ops.elem)
     return c, ap_load, rows, [nest]
 
 
@@ -404,8 +453,9 @@ def _pick_mr(m: int) -> int:
 
 
 def _nest(k: Kernel, c: Compute, red: Reduce, b: Load, b_base: Expr, rows: Rows, nr: int, N: int, K: int,
-          tag: str, target: Target, threads: int) -> list[Stmt]:
+          tag: str, target: Target, threads: int, ops: Operands = BF16) -> list[Stmt]:
     """The AMX nest (module docstring); K is the B panel's (padded) reduction length."""
+    dt, kb = ops.dtype, ops.kb
     nt = nr // 16
     others = [(v, e) for v, e in zip(c.axes[:-1], c.extents[:-1]) if v not in rows.axes]
     n_o = int(np.prod([e for _, e in others])) if others else 1
@@ -423,30 +473,30 @@ def _nest(k: Kernel, c: Compute, red: Reduce, b: Load, b_base: Expr, rows: Rows,
 
     def segment(o_of: dict[Expr, Expr], q0: Expr, kern_mt: int, kern_mr: int, j: Expr) -> list[Stmt]:
         """One kernel call on rows q0 .. q0 + MT·MR and panel j, then the epilogue."""
-        kern = amx_kernel("bf16", kern_mt, nt, kern_mr)
+        kern = amx_kernel(dt, kern_mt, nt, kern_mr, kb)
         k.extern_ir[kern.name] = kern.ir_text
         a0 = Addr(a_buf, (substitute(rows.a_flat, {q: q0, **o_of}),))
         a1 = Addr(a_buf, (substitute(rows.a_flat, {q: q0 + kern_mr, **o_of}),)) if kern_mt == 2 else a0
         b_at = Addr(b.buf, (substitute(b_base, o_of) + j * (K * nr),))  # B packed per batch point: base depends on o
         call = Call(kern.name, (a0, a1, _i(rows.lda), b_at, Addr(ct, (_i(0),)), _i(4 * nr)) + step_args
                     + (Const(0, "int32"),))
-        return [call, block_epilogue(c, red, ct, "float32", rows, q0, kern_mt * kern_mr, o_of, j, nr, tag)]
+        return [call, block_epilogue(c, red, ct, ops.acc, rows, q0, kern_mt * kern_mr, o_of, j, nr, tag)]
 
     def nest(n_items: int, item: Callable[[Expr], list[Stmt]], cfg_mr: int) -> Loop:
         """parallel parts over n_items work items, the tile configuration loaded once per part."""
-        k.extern_ir[config_name("bf16", cfg_mr, KB)] = config_ir("bf16", cfg_mr, KB)
+        k.extern_ir[config_name(dt, cfg_mr, kb)] = config_ir(dt, cfg_mr, kb)
         k.extern_ir[RELEASE] = release_ir()
         parts = max(1, min(n_items, threads * PARTS_PER_THREAD)) if threads > 1 else 1
         per = -(-n_items // parts)
         parts = -(-n_items // per)
         part, w = Var(f"apart{tag}"), Var(f"aw{tag}")
         count: Expr = minimum(_i(per), _i(n_items) - part * per) if n_items % per else _i(per)
-        body = [Call(config_name("bf16", cfg_mr, KB), ()), Alloc(ct, "float32", (block, nr)),
+        body = [Call(config_name(dt, cfg_mr, kb), ()), Alloc(ct, ops.acc, (block, nr)),
                 Loop(w, count, item(part * per + w)), Call(RELEASE, ())]
         return Loop(part, _i(parts), body, "parallel" if parts > 1 else "serial")
 
     # j fastest when every panel fits half of L2 beside the A block (the block's A tiles then serve all panels)
-    b_bytes = P * K * nr * 2
+    b_bytes = P * K * nr * ops.size
     panel_fastest = b_bytes <= target.l2_bytes // 2
     edges: list[tuple[int, int]] = []   # (first row, rows): tiles of at most MR rows past the whole blocks
     q_edge = n_blocks * block
@@ -459,15 +509,15 @@ def _nest(k: Kernel, c: Compute, red: Reduce, b: Load, b_base: Expr, rows: Rows,
         # instead of a pass per edge nest (3 passes over B, measured ≈ 3× the time of these layers)
         k.extern_ir[RELEASE] = release_ir()
         for cfg_mr in {mr} | {rh for _, rh in edges}:
-            k.extern_ir[config_name("bf16", cfg_mr, KB)] = config_ir("bf16", cfg_mr, KB)
+            k.extern_ir[config_name(dt, cfg_mr, kb)] = config_ir(dt, cfg_mr, kb)
         w, bl = Var(f"aw{tag}"), Var(f"abl{tag}")
         o_of = _decode(others, w // P)
-        body: list[Stmt] = [Alloc(ct, "float32", (block, nr))]
+        body: list[Stmt] = [Alloc(ct, ops.acc, (block, nr))]
         if n_blocks:
-            body += [Call(config_name("bf16", mr, KB), ()),
+            body += [Call(config_name(dt, mr, kb), ()),
                      Loop(bl, _i(n_blocks), segment(o_of, bl * block, mt, mr, w % P))]
         for q0, rh in edges:
-            body += [Call(config_name("bf16", rh, KB), ())] + segment(o_of, _i(q0), 1, rh, w % P)
+            body += [Call(config_name(dt, rh, kb), ())] + segment(o_of, _i(q0), 1, rh, w % P)
         return [Loop(w, _i(n_o * P), body + [Call(RELEASE, ())], "parallel" if threads > 1 else "serial")]
     out: list[Stmt] = []
     if n_blocks:

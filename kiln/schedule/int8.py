@@ -20,6 +20,10 @@ Rows (MR) and lanes (NR) as the float tile (schedule/tile.py: pick_mr, flatten_r
 edge rows clamp their reads and guard their stores; the epilogue (int32 → float, scale, bias, activation,
 round, clamp, narrowing store) runs on the accumulators while they are in registers.
 
+AMX: on a host whose process may use AMX (kiln/runtime/amx.py; switch `amx`), an integer anchor runs on the AMX
+int8 tile kernels instead (schedule/amx.py: tdpbusd / tdpbssd, the epilogue on the int32 C block), whatever its
+strategy, as bf16 anchors do; exe.meta["precision"] says "amx" for it.
+
 Strategies: `ukernel` builds the anchor on the 8-bit microkernels instead (schedule/int8_ukernel.py: the same
 reduction in a hand-written kernel, the epilogue on the int32 tile it stores); `library` builds a GEMM on the
 library's integer GEMM where it has one (schedule/library.py; those weights are not packed); otherwise — an integer
@@ -50,6 +54,7 @@ from kiln.kernel.ir import (
     minimum,
     substitute,
 )
+from kiln.schedule.amx import schedule_amx
 from kiln.schedule.config import Decisions
 from kiln.schedule.dot_form import DotForm, int8_form
 from kiln.schedule.int8_ukernel import plan, schedule_int8_ukernel
@@ -92,6 +97,11 @@ def schedule_int8(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
         return None
     threads = threads if options.get("parallel", True) else 1
     strategy = str(c.hints.get("strategy", "direct"))
+    nest = schedule_amx(k, c, tag, target, threads, options)  # AMX tiles (tdpbusd) where the host lets us use them
+    if nest is not None:
+        k.precision[node] = "amx"
+        k.strategies.setdefault(node, strategy)
+        return nest
     if strategy == "direct" and plan(k, c, int8_form(c), target)[0] is not None:  # the tuner may pick the microkernel
         strategy = str(dec.knob("strategy", "direct", ("direct", "ukernel")))
     why = ""

@@ -1,0 +1,158 @@
+"""The AMX schedules of the integer anchors (kiln/schedule/amx.py through schedule/int8.py), on every host:
+
+  * emulated — the nest (rows in place or packed, K steps, panels, edge tiles, the requantizing epilogue on the int32
+    C block) runs with the tile kernels replaced by a NumPy implementation of their documented contract
+    (kiln/ukernels/amx.py), called back from the compiled code; outputs exact against onnxruntime. This checks
+    everything around the kernels on a host without AMX;
+  * emitted — the real tile kernels lowered for an AVX-512 + AMX target and emitted (tdpbusd in the object);
+  * on AMX hardware (skipped elsewhere) — the real thing, exact against onnxruntime.
+The tile kernels themselves are checked against NumPy on AMX hosts by tests/test_amx.py."""
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import re
+
+import llvmlite.binding as llvm
+import numpy as np
+import pytest
+from test_ops_quant import qlinear_conv_model, qlinear_matmul_model
+
+import kiln
+import kiln.schedule.amx as amx_schedule
+from conftest import rand, run_ort
+from kiln.runtime.amx import usable
+from kiln.target import resolve
+from kiln.ukernels.amx import DTYPES, TILE_BYTES, AMXKernel, kernel_name
+
+I64 = ctypes.c_int64
+EMUL_T = ctypes.CFUNCTYPE(None, I64, ctypes.c_void_p, ctypes.c_void_p, I64, ctypes.c_void_p, ctypes.c_void_p, I64,
+                          I64, I64, I64, I64, I64, I64, ctypes.c_int32)
+ARGS = ("ptr %A0, ptr %A1, i64 %lda, ptr %B, ptr %C, i64 %ldc, i64 %n2, i64 %sa2, i64 %n1, i64 %sa1, i64 %n0, "
+        "i64 %sa0, i32 %acc")
+KERNELS: list[tuple[str, int, int, int, int]] = []   # (dtype, MT, NT, MR, KB) by the id the IR passes
+CALLS: list[int] = [0]
+
+
+def _bytes(addr: int, n: int, dtype: str) -> np.ndarray:
+    """n elements at addr: u8 / s8 as int64, or (dtype "b") bf16 as float64."""
+    if dtype == "b":
+        bits = np.frombuffer(ctypes.string_at(addr, 2 * n), np.uint16).astype(np.uint32) << 16
+        return bits.view(np.float32).astype(np.float64)
+    return np.frombuffer(ctypes.string_at(addr, n), np.uint8 if dtype == "u" else np.int8).astype(np.int64)
+
+
+def _emulate(kid, a0, a1, lda, b, c, ldc, n2, sa2, n1, sa1, n0, sa0, acc) -> None:  # noqa: ANN001
+    """The tile kernel's contract (kiln/ukernels/amx.py) in NumPy: C (+)= Σ over the steps of A tiles · B step."""
+    dtype, mt, nt, mr, kb = KERNELS[kid]
+    CALLS[0] += 1
+    size, pair = DTYPES[dtype][:2]
+    kinds = ("b", "b") if dtype == "bf16" else (dtype[0], dtype[2])
+    cols, c_type = nt * 16, (ctypes.c_float if dtype == "bf16" else ctypes.c_int32)
+    out = np.zeros((mt * mr, cols), np.float64 if dtype == "bf16" else np.int64)
+    step = (kb // pair) * nt * TILE_BYTES  # bytes of B per step
+    s = 0
+    for i2 in range(n2):
+        for i1 in range(n1):
+            for i0 in range(n0):
+                off = i2 * sa2 + i1 * sa1 + i0 * sa0
+                bs = _bytes(b + s * step, step // size, kinds[1])
+                bk = bs.reshape(kb // pair, cols, pair).transpose(0, 2, 1).reshape(kb, cols)
+                for t, at in enumerate((a0, a1)[:mt]):
+                    rows = np.stack([_bytes(at + off + r * lda, kb, kinds[0]) for r in range(mr)])
+                    out[t * mr:(t + 1) * mr] += rows @ bk
+                s += 1
+    for r in range(mt * mr):
+        row = (c_type * cols).from_address(c + r * ldc)
+        old = np.frombuffer(row, np.float32 if dtype == "bf16" else np.int32).astype(out.dtype) if acc else 0
+        row[:] = (out[r] + old).astype(np.float32 if dtype == "bf16" else np.int32).tolist()
+
+
+_CALLBACK = EMUL_T(_emulate)
+
+
+@pytest.fixture
+def emulated_amx(monkeypatch: pytest.MonkeyPatch) -> None:
+    """AMX 'usable', its tile kernels forwarding to _emulate, configuration and release no-ops."""
+    def kernel(dtype: str, mt: int = 2, nt: int = 2, mr: int = 16, kb: int | None = None) -> AMXKernel:
+        kb = kb or TILE_BYTES // DTYPES[dtype][0]
+        KERNELS.append((dtype, mt, nt, mr, kb))
+        name = kernel_name(dtype, mt, nt, mr, kb)
+        ir = (f"define internal void @{name}({ARGS}) {{\n"
+              f"  call void @kiln_test_amx_emulated(i64 {len(KERNELS) - 1}, ptr %A0, ptr %A1, i64 %lda, ptr %B, "
+              "ptr %C, i64 %ldc, i64 %n2, i64 %sa2, i64 %n1, i64 %sa1, i64 %n0, i64 %sa0, i32 %acc)\n  ret void\n}\n"
+              "declare void @kiln_test_amx_emulated(i64, ptr, ptr, i64, ptr, ptr, i64, i64, i64, i64, i64, i64, i64, "
+              "i32)\n")
+        return AMXKernel(name, dtype, mt, nt, mr, kb, ir)
+
+    monkeypatch.setattr(amx_schedule, "usable", lambda features: True)
+    monkeypatch.setattr(amx_schedule, "amx_kernel", kernel)
+    monkeypatch.setattr(amx_schedule, "config_ir",
+                        lambda dtype, mr, kb: f"define internal void @{amx_schedule.config_name(dtype, mr, kb)}() "
+                                              "{\n  ret void\n}\n")
+    monkeypatch.setattr(amx_schedule, "release_ir",
+                        lambda: f"define internal void @{amx_schedule.RELEASE}() {{\n  ret void\n}}\n")
+    monkeypatch.setattr("kiln.runtime.amx.ensure", lambda: None)
+    llvm.add_symbol("kiln_test_amx_emulated", ctypes.cast(_CALLBACK, ctypes.c_void_p).value)
+
+
+def cases() -> list[tuple[str, object, dict[str, np.ndarray]]]:
+    u8 = rand(1, 32, 9, 7, lo=0, hi=255, dtype="uint8")           # a 32-channel block: 32-byte steps, rows in place
+    s8 = rand(1, 64, 6, 6, lo=-128, hi=127, dtype="int8", seed=3)  # stride 2: packed rows (im2col), 64-byte steps
+    a = rand(2, 19, 128, lo=0, hi=255, dtype="uint8", seed=8)      # 19 rows: a 16-row block and an edge tile
+    return [("conv3x3", qlinear_conv_model(u8, 48, 1, "uint8", True), {"x": u8}),   # 16-column panels
+            ("conv stride 2", qlinear_conv_model(s8, 32, 1, "int8", False, stride=2), {"x": s8}),
+            ("matmul", qlinear_matmul_model(a, 48), {"a": a})]
+
+
+@pytest.mark.parametrize("case", range(3), ids=[c[0] for c in cases()])
+def test_int8_amx_schedule_emulated(emulated_amx: None, case: int) -> None:
+    _, m, feeds = cases()[case]
+    exe = kiln.compile(m, num_threads=2, cache=False)  # the host's widest vectors: 32- or 16-column panels
+    assert set(exe.meta["precision"].values()) == {"amx"}, exe.meta["precision"]
+    assert exe.meta["int8"].startswith("tdpbusd (AMX tiles)")
+    before = CALLS[0]
+    got, want = exe.run(feeds)[0], run_ort(m, feeds)[0]
+    assert CALLS[0] > before, "the emulated tile kernels were not called"
+    assert got.dtype == want.dtype and np.array_equal(got, want), np.abs(got.astype(int) - want.astype(int)).max()
+
+
+def test_int8_amx_objects_emitted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real tile kernels, lowered for AVX-512 + AMX and emitted on any host: tdpbusd / tdpbssd in the object."""
+    from kiln.codegen.jit import emit_assembly, emit_object, optimize
+    from kiln.compiler import check_options, lower
+
+    monkeypatch.setattr(amx_schedule, "usable", lambda features: True)
+    t = resolve("avx512")
+    t = dataclasses.replace(t, features=t.features + ",+amx-tile,+amx-int8,+amx-bf16")
+    for name, m, _ in cases():
+        c = lower(m, t, 2, check_options({}), stop_after="llvm")
+        assert {how for k in c.program.kernels for how in k.precision.values()} == {"amx"}, name
+        module = optimize(c.llvm_ir, t)
+        assert emit_object(module, t)[:4] == b"\x7fELF"
+        assert re.search(r"\btdpb(us|ss)d\b", emit_assembly(module, t)), f"{name}: no AMX int8 product"
+
+
+@pytest.mark.skipif(not usable(resolve("host").features), reason="needs AMX")
+def test_int8_amx_on_hardware() -> None:
+    for _, m, feeds in cases():
+        exe = kiln.compile(m, num_threads=2, cache=False)
+        assert set(exe.meta["precision"].values()) == {"amx"}, exe.meta["precision"]
+        assert np.array_equal(exe.run(feeds)[0], run_ort(m, feeds)[0])
+
+
+@pytest.mark.parametrize("name", ["gemm_odd", "conv_r50_3x3"])
+def test_bf16_amx_schedule_emulated(emulated_amx: None, name: str) -> None:
+    """precision="bf16" on the emulated tile kernels against the same build without AMX (vdpbf16ps or the emulation):
+    the same bf16 products, float32 sums in another order."""
+    from conftest import assert_close
+    from kiln import zoo
+
+    m, feeds = zoo.build(name), zoo.inputs(name)
+    exe = kiln.compile(m, num_threads=2, cache=False, precision="bf16")
+    assert "amx" in set(exe.meta["precision"].values()), exe.meta["precision"]
+    before = CALLS[0]
+    got = exe.run(feeds)[0]
+    assert CALLS[0] > before
+    want = kiln.compile(m, num_threads=2, cache=False, precision="bf16", amx=False).run(feeds)[0]
+    assert_close(got, want, 1e-4)
