@@ -40,20 +40,22 @@ class Row:
         return self.macs_per_instruction / self.cycles_per_instruction if self.cycles_per_instruction else None
 
 
-def amx_loop() -> tuple[int, int, int]:
-    """(instructions, tdpbf16ps, MACs) of one iteration of the 2×2 bf16 AMX kernel's K loop, as compiled here
-    (LLVM may unroll it: an iteration is then several K steps of 4 products each)."""
+def amx_loop(dtype: str = "bf16") -> tuple[int, int, int]:
+    """(instructions, tile products, MACs) of one iteration of the 2×2 AMX kernel's K loop for `dtype` (bf16:
+    tdpbf16ps; u8s8: tdpbusd, the int8 section's row), as compiled here (LLVM may unroll it: an iteration is then
+    several K steps of 4 products each)."""
     from kiln.codegen.jit import emit_assembly, optimize
     from kiln.target import resolve
-    from kiln.ukernels.amx import amx_kernel
+    from kiln.ukernels.amx import DTYPES, amx_kernel
 
-    kern = amx_kernel("bf16", 2, 2, 16)
+    kern = amx_kernel(dtype, 2, 2, 16)
+    op = DTYPES[dtype][2]
     ir = kern.ir_text.replace("define internal", "define")
     asm = emit_assembly(optimize(ir, resolve("avx512")), resolve("avx512"))
     loops = innermost_loops(functions(asm)[kern.name])
-    loop = max(loops, key=lambda lp: sum(m == "tdpbf16ps" for m, _ in lp.instructions()))
+    loop = max(loops, key=lambda lp: sum(m == op for m, _ in lp.instructions()))
     insns = loop.instructions()
-    products = sum(m == "tdpbf16ps" for m, _ in insns)
+    products = sum(m == op for m, _ in insns)
     return len(insns), products, products * kern.mr * 16 * kern.kb
 
 

@@ -14,7 +14,8 @@ loop (kiln/isa/mca.py) with the most dot-product instructions; MACs per iteratio
             smlal/smlal2 v.4s / v.8h    4 / 8               (plain NEON: widening multiply-accumulate)
 
 Each target twice: `direct` (the register tile, schedule/int8.py, codegen/int8.py) and `ukernel` (the hand-written
-8-bit microkernel, kiln/ukernels/int8.py, where the target has one), the same hot-loop count on each's assembly.
+8-bit microkernel, kiln/ukernels/int8.py, where the target has one), the same hot-loop count on each's assembly;
+and AMX's tdpbusd tile kernel (16·16·64 MACs per instruction), counted alone, at Intel's documented 16 cycles.
 RVV is not in the table (its MACs per instruction depend on the run-time vl): the integer anchors on scalable vectors
 run the plain integer loops, which LLVM vectorizes into widening multiply-adds (vwmacc.vx / vwmaccsu.vx: one 8-bit
 weight times a vector of activations per instruction), tested exact under qemu (tests/test_ops_quant.py)."""
@@ -124,9 +125,18 @@ def analyze(label: str, target: str, features: str | None, m: int, k: int, n: in
     return Int8Row(label, strategy, method, len(insns), best_macs, cycles)
 
 
+def amx_row() -> Int8Row:
+    """Kiln's 2×2 AMX int8 tile kernel (kiln/ukernels/amx.py, what the integer anchors run on an AMX host: schedule/
+    amx.py): its K loop counted statically; cycles: Intel's documented 16 per tdpbusd (16×16×64 MACs)."""
+    from kiln.isa.bf16 import AMX_CYCLES_PER_PRODUCT, amx_loop
+    n, products, macs = amx_loop("u8s8")
+    return Int8Row("x86 AMX-INT8 (tile kernel)", "ukernel", "tdpbusd 2×2 tiles (kiln/ukernels/amx.py)", n, macs,
+                   products * AMX_CYCLES_PER_PRODUCT)
+
+
 def report(m: int = 64, k: int = 256, n: int = 64) -> list[Int8Row]:
     rows = [analyze(label, t, f, m, k, n, s) for label, t, f in CONFIGS for s in ("direct", "ukernel")]
-    return [r for r in rows if r is not None]
+    return [r for r in rows if r is not None] + [amx_row()]
 
 
 def markdown(rows: list[Int8Row]) -> str:
@@ -135,7 +145,7 @@ def markdown(rows: list[Int8Row]) -> str:
     for r in rows:
         mpc = f"{r.macs / r.cycles:.1f}" if r.cycles else "·"
         out.append(f"| {r.label} | {r.strategy} | {r.method} | {r.loop_instructions} | {r.macs} | "
-                   f"{r.instructions_per_mac:.3f} | {mpc} |")
+                   f"{r.instructions_per_mac:.3g} | {mpc} |")
     return "\n".join(out)
 
 
