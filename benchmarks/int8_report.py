@@ -10,7 +10,7 @@ Per workload (kiln.zoo, random weights built in code; inputs are zoo.inputs with
   systems     kiln-fp32     kiln.compile(model)
               kiln-int8     kiln.compile(kiln.quantize(model, calib, method="minmax"))  (exe.meta["int8"] shown)
               kiln-int8-<s> the same quantized model built with strategy s (--strategies: `ukernel`, the 8-bit
-                            microkernels of kiln/ukernels/int8.py; `library:onednn` / `library:mkl`, their integer
+                            microkernels of kiln/ukernels/dot.py; `library:onednn` / `library:mkl`, their integer
                             GEMMs), the anchors' strategies printed and the outputs checked equal to kiln-int8's
               ort-fp32      onnxruntime, 2 threads
               ort-int8      onnxruntime on its own quantize_static model (quant_pre_process, then QDQ, S8S8,

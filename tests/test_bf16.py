@@ -431,3 +431,54 @@ def test_bounds_checked_bf16_build(width: str) -> None:
     absprod = np.abs(bf16(x)) @ np.abs(bf16(w))
     assert (np.abs(checked.astype(np.float64) - fast[0]) <= 2 * 96 * F32 * absprod + 1e-30).all()
     assert (np.abs(checked - bf16(x) @ bf16(w)) <= 96 * F32 * absprod + 1e-30).all()
+
+
+@pytest.mark.parametrize("shape", [(19, 64, 48), (2, 5, 37, 32)], ids=["rows19", "batched-oddK"])
+def test_bf16_ukernel(width: str, shape: tuple[int, ...]) -> None:
+    """strategy="ukernel" with precision="bf16": the vdpbf16ps microkernel (kiln/ukernels/dot.py) where the width has
+    AVX512_BF16 — within float32 accumulation of the bf16-rounded product (an odd K's last pair in the epilogue,
+    a partial row tile); AMX takes the anchor first where the process may use it; elsewhere the anchor is built
+    directly and says why."""
+    from kiln.ukernels.dot import method_for
+
+    *m, k, n = shape
+    x, w = rand(*m, k, seed=1), rand(k, n, seed=2)
+    model, feeds = op_model("MatMul", [x, C(w)])
+    got = run_kiln(model, feeds, target=width, precision="bf16", strategy="ukernel")
+    if got is not None:
+        exact, absprod = bf16(x) @ bf16(w), np.abs(bf16(x)) @ np.abs(bf16(w))
+        err = np.abs(got[0].astype(np.float64) - exact)
+        assert (err <= k * F32 * absprod + 1e-30).all(), err.max()
+    t = resolve(width)
+    from kiln.compiler import check_options, lower
+    c = lower(model, t, 2, check_options({}), strategy="ukernel", precision="bf16", stop_after="llvm")
+    built = {node: how for kern in c.program.kernels for node, how in kern.strategies.items()}
+    method, why = method_for(t, "bfloat16", 2 * t.lanes(32))
+    if usable(t.features):
+        assert {how for kern in c.program.kernels for how in kern.precision.values()} == {"amx"}
+    elif method is not None:
+        assert built == {"matmul_node": "ukernel"}, built
+        assert f"kiln_ukr_{method}_bf16_" in c.llvm_ir
+    else:
+        assert built == {"matmul_node": f"direct (ukernel not available: {why})"}, built
+
+
+@pytest.mark.parametrize("name", ["gemm_odd", "conv_r50_3x3"])
+def test_bf16_bfmmla_ukernel_under_qemu(tmp_path, name: str) -> None:  # noqa: ANN001
+    """AArch64 with BF16: strategy="ukernel" runs the BFMMLA microkernel (2×2 float32 blocks of 4-value bf16 dot
+    products); against the same model built directly (the emulation: bf16 operands, float32 FMAs) under qemu."""
+    import dataclasses
+
+    import kiln.cross as kc
+    from kiln import zoo
+    from kiln.cross import have_toolchain
+
+    if have_toolchain("aarch64"):
+        pytest.skip(have_toolchain("aarch64"))
+    t = dataclasses.replace(resolve("aarch64-neon"), features="+neon,+fp-armv8,+bf16")
+    model, feeds = zoo.build(name), zoo.inputs(name)
+    ukr = kc.run_qemu(kc.build_binary(model, t, str(tmp_path / "u"), strategy="ukernel", precision="bf16"), feeds)[0]
+    direct = kc.run_qemu(kc.build_binary(model, t, str(tmp_path / "d"), precision="bf16"), feeds)[0]
+    assert "bfmmla" in (tmp_path / "u" / "model.s").read_text()
+    scale = np.abs(direct[0]).max()
+    assert np.abs(ukr[0] - direct[0]).max() <= 1e-5 * scale  # one float32 sum order against another

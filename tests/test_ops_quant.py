@@ -423,7 +423,7 @@ def int8_ukernel_cases() -> list[tuple[str, onnx.ModelProto, dict[str, np.ndarra
 
 @pytest.mark.parametrize("case", range(5), ids=[c[0] for c in int8_ukernel_cases()])
 def test_int8_ukernel_strategy(width: str, case: int) -> None:
-    """strategy="ukernel": the integer anchors on the 8-bit microkernels (kiln/ukernels/int8.py: vpdpbusd where the
+    """strategy="ukernel": the integer anchors on the 8-bit microkernels (kiln/ukernels/dot.py: vpdpbusd where the
     width has VNNI and A is u8, else vpmaddwd), exact against onnxruntime (integer outputs); every anchor is built
     on them, at every width (emitted for the ones this CPU cannot run)."""
     _, m, feeds = int8_ukernel_cases()[case]
@@ -439,7 +439,7 @@ def test_int8_ukernels_against_numpy() -> None:
 
     import llvmlite.binding as llvm
 
-    from kiln.ukernels.int8 import METHODS, int8_ukernel
+    from kiln.ukernels.dot import METHODS, dot_ukernel
 
     rng = np.random.default_rng(0)
     needs = {"vnni512": "avx512vnni", "pmaddwd512": "avx512bw", "vnni256": "avxvnni", "vnni128": "avxvnni",
@@ -451,7 +451,7 @@ def test_int8_ukernels_against_numpy() -> None:
         lanes, main_mr = METHODS[method]
         signed = "u8s8" if method.startswith("vnni") else "s8s8"  # vpdpbusd multiplies u8 by s8
         for ab, mr, nr in (("u8s8", main_mr, 2 * lanes), (signed, max(1, main_mr - 3), lanes)):
-            uk = int8_ukernel(method, ab, mr, nr)
+            uk = dot_ukernel(method, ab, mr, nr)
             mod = llvm.parse_assembly(uk.ir_text.replace("define internal", "define"))
             mod.verify()
             # a machine per module: the execution engine takes ownership of its machine

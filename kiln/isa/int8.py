@@ -14,7 +14,7 @@ loop (kiln/isa/mca.py) with the most dot-product instructions; MACs per iteratio
             smlal/smlal2 v.4s / v.8h    4 / 8               (plain NEON: widening multiply-accumulate)
 
 Each target twice: `direct` (the register tile, schedule/int8.py, codegen/int8.py) and `ukernel` (the hand-written
-8-bit microkernel, kiln/ukernels/int8.py, where the target has one), the same hot-loop count on each's assembly;
+8-bit microkernel, kiln/ukernels/dot.py, where the target has one), the same hot-loop count on each's assembly;
 and AMX's tdpbusd tile kernel (16·16·64 MACs per instruction), counted alone, at Intel's documented 16 cycles.
 RVV is not in the table (its MACs per instruction depend on the run-time vl): the integer anchors on scalable vectors
 run the plain integer loops, which LLVM vectorizes into widening multiply-adds (vwmacc.vx / vwmaccsu.vx: one 8-bit

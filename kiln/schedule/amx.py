@@ -307,7 +307,7 @@ def in_place(k: Kernel, c: Compute, a: Load, red: Reduce, row_axes: tuple[Var, .
              kb: int = KB) -> Rows | None:
     """Rows read in place (module docstring), or None. `size`: bytes per A element; `kb`: the innermost axis's
     elements per K step (its extent a multiple of it: one kernel step each; the int8 microkernels take the whole
-    axis per step, kiln/schedule/int8_ukernel.py)."""
+    axis per step, kiln/schedule/dot_ukernel.py)."""
     fa = flat_index(a.index, k.buffer(a.buf).shape)
     (r_last, e_last) = red.axes[-1]
     if coef(fa, r_last) != 1 or e_last % kb:

@@ -30,8 +30,9 @@ from kiln.kernel.ir import (
     walk,
 )
 from kiln.schedule.amx import schedule_amx
-from kiln.schedule.bf16 import schedule_dpbf16
+from kiln.schedule.bf16 import bf16_form, schedule_dpbf16
 from kiln.schedule.config import Config, Decisions, powers_of_two
+from kiln.schedule.dot_ukernel import schedule_dot_ukernel
 from kiln.schedule.guards import interior_swap
 from kiln.schedule.primitives import compute_to_loops, fuse, parallel, rename, split, vectorize
 from kiln.schedule.reorder import schedule_reorder
@@ -73,12 +74,22 @@ def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: i
             k.precision[node] = "amx"
             k.strategies.setdefault(node, str(c.hints.get("strategy", "direct")))
             return nest
+        why = ""
+        if str(c.hints.get("strategy", "direct")) == "ukernel":  # the bf16 microkernels (dot_ukernel.py)
+            ukr, why = schedule_dot_ukernel(k, c, bf16_form(c), tag, target,
+                                            threads if options.get("parallel", True) else 1, dec)
+            if ukr is not None:
+                k.precision[node] = "bfmmla" if target.arch == "aarch64" else "avx512bf16"
+                k.strategies[node] = "ukernel"
+                return ukr
         nest = schedule_dpbf16(k, c, tag, target, threads, options, dec)  # else vdpbf16ps where the CPU has it
         if nest is not None:
             k.precision[node] = "avx512bf16"
-            k.strategies[node] = "direct"
+            k.strategies[node] = f"direct (ukernel not available: {why})" if why else "direct"
             return nest
         k.precision[node] = "emulated"
+        if why:
+            k.strategies[node] = f"direct (ukernel not available: {why})"
     if options.get("fuse_axes", True):
         c = fuse_contiguous_axes(c, lambda name: k.buffer(name).shape)
     strategy = str(c.hints.get("strategy", "direct"))
@@ -91,8 +102,8 @@ def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: i
         if built is not None:
             k.strategies.setdefault(c.hints.get("node", c.out), strategy)  # plain "library": the schedule names it
             return built
-    if "strategy" in c.hints:
-        k.strategies[c.hints.get("node", c.out)] = "direct"
+    if "strategy" in c.hints and not k.strategies.get(c.hints.get("node", c.out), "").startswith("direct ("):
+        k.strategies[c.hints.get("node", c.out)] = "direct"  # (a reason recorded above stays)
     if options.get("register_tile", True) and options.get("vectorize", True):
         shape = choose_tile(k, c, target, dec)
         if shape is not None and shape.prefetch and not options.get("prefetch", True):

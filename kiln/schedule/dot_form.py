@@ -1,6 +1,6 @@
 """The dot-product forms of the 8-bit and bf16 anchors: which load is the activation, which the weight in VNNI order
 (graph/quant_pack.py, graph/passes/precision.py), and the reduction axis taken `group` values at a time. Read by
-the register tile (schedule/int8.py, schedule/bf16.py) and the int8 microkernel nest (schedule/int8_ukernel.py)."""
+the register tile (schedule/int8.py, schedule/bf16.py) and the int8 microkernel nest (schedule/dot_ukernel.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -24,7 +24,7 @@ AMX: on a host whose process may use AMX (kiln/runtime/amx.py; switch `amx`), an
 int8 tile kernels instead (schedule/amx.py: tdpbusd / tdpbssd, the epilogue on the int32 C block), whatever its
 strategy, as bf16 anchors do; exe.meta["precision"] says "amx" for it.
 
-Strategies: `ukernel` builds the anchor on the 8-bit microkernels instead (schedule/int8_ukernel.py: the same
+Strategies: `ukernel` builds the anchor on the 8-bit microkernels instead (schedule/dot_ukernel.py: the same
 reduction in a hand-written kernel, the epilogue on the int32 tile it stores); `library` builds a GEMM on the
 library's integer GEMM where it has one (schedule/library.py; those weights are not packed); otherwise — an integer
 conv under `library`, a GEMM under a library without one — the anchor is built here and exe.meta["strategies"] says
@@ -57,7 +57,7 @@ from kiln.kernel.ir import (
 from kiln.schedule.amx import schedule_amx
 from kiln.schedule.config import Decisions
 from kiln.schedule.dot_form import DotForm, int8_form
-from kiln.schedule.int8_ukernel import plan, schedule_int8_ukernel
+from kiln.schedule.dot_ukernel import plan, schedule_dot_ukernel
 from kiln.schedule.tile import flatten_rows, pick_mr, rename_tile, simplify_panels, substitute_all
 from kiln.target import Target
 
@@ -106,7 +106,7 @@ def schedule_int8(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
         strategy = str(dec.knob("strategy", "direct", ("direct", "ukernel")))
     why = ""
     if strategy == "ukernel":
-        nest, why = schedule_int8_ukernel(k, c, int8_form(c), tag, target, threads, dec)
+        nest, why = schedule_dot_ukernel(k, c, int8_form(c), tag, target, threads, dec)
         if nest is not None:
             k.strategies[node] = "ukernel"
             return nest

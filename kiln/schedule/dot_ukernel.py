@@ -1,13 +1,15 @@
-"""The `ukernel` strategy of the integer anchors: the reduction on a hand-written 8-bit microkernel
-(kiln/ukernels/int8.py: vpdpbusd, vpmaddwd, SDOT or SMMLA, chosen by the target), the epilogue (requantization)
-on the int32 C tile it leaves, in the anchor's fused form.
+"""The `ukernel` strategy of the integer and bf16 anchors: the reduction on a hand-written dot-product microkernel
+(kiln/ukernels/dot.py: vpdpbusd, vpmaddwd, SDOT or SMMLA for 8-bit operands; vdpbf16ps or BFMMLA for bf16 — chosen
+by the target), the epilogue (requantization, bias, activation) on the int32 / float32 C tile it leaves, in the
+anchor's fused form.
 
-Applies to QPackedMatMul and dense QPackedConv (kernel/lower_quant.py: weights in VNNI panels [.., K/4, NR, 4]) whose
-A operand can be read in place — contiguous along the innermost reduction axis, the other reduction axes at
-constant strides (schedule/amx.py `in_place`: a GEMM's rows; a blocked conv's pixels, whose taps and channel blocks
-become the kernel's steps). No A packing: the int8 activations are read where they are, as the direct tile reads
-them. Rows (schedule/amx.py `Rows`): a GEMM's m; a stride-1 conv's pixels q = oh·Wp + ow over the padded input row
-Wp (the Wp − OW virtual pixels per output row computed and dropped) when that wastes ≤ 1/8 of the rows, else the
+Applies to QPackedMatMul and dense QPackedConv (kernel/lower_quant.py: weights in VNNI panels [.., K/4, NR, 4]), and
+to bf16 PackedMatMul / blocked PackedConv (graph/passes/precision.py: pairs, [.., K/2, NR, 2]), whose A operand can
+be read in place — contiguous along the innermost reduction axis, the other reduction axes at constant strides
+(schedule/amx.py `in_place`: a GEMM's rows; a blocked conv's pixels, whose taps and channel blocks become the
+kernel's steps). No A packing: the activations are read where they are, as the direct tile reads them.
+Rows (schedule/amx.py `Rows`): a GEMM's m; a stride-1 conv's pixels q = oh·Wp + ow over the padded input row Wp
+(the Wp − OW virtual pixels per output row computed and dropped) when that wastes ≤ 1/8 of the rows, else the
 output row's ow alone (oh then an outer axis).
 
     before (schedule/int8.py, direct):  the MR×NR register tile of vpdpbusd, the epilogue on its accumulators
@@ -20,10 +22,11 @@ output row's ow alone (oh then an outer axis).
         for ni < min(NR, N − j·NR) vector<NR> masked:
           for r < MR unroll:  if t·MR + r < M [and row is an output]:  out[o, row, j·NR + ni] = epi(Ct[r, ni] [+ tail])
 
-A GEMM whose K is not a multiple of 4 gives the kernel K // 4 groups and adds the last K % 4 products in the
-epilogue (`tail`). Where none of this applies — no microkernel for the target (kiln/ukernels/int8.py `method_for`),
-an A that is not a plain load contiguous along K, more than three outer reduction axes — `schedule_int8_ukernel`
-says why, and the anchor is emitted directly (exe.meta["strategies"] records "direct (…why…)")."""
+A GEMM whose K is not a multiple of the group (4 bytes, a bf16 pair) gives the kernel the whole groups and adds the
+last products in the epilogue (`tail`). Where none of this applies — no microkernel for the target
+(kiln/ukernels/dot.py `method_for`), an A that is not a plain load contiguous along K, more than three outer
+reduction axes — `schedule_dot_ukernel` says why, and the anchor is emitted directly (exe.meta["strategies"]
+records "direct (…why…)")."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -35,6 +38,7 @@ from kiln.kernel.ir import (
     Addr,
     Alloc,
     Call,
+    Cast,
     Compute,
     Const,
     Expr,
@@ -54,7 +58,7 @@ from kiln.schedule.dot_form import DotForm
 from kiln.schedule.tile import pick_mr
 from kiln.schedule.ukernel import merge_channel_blocks
 from kiln.target import Target
-from kiln.ukernels.int8 import METHODS, int8_ukernel, method_for
+from kiln.ukernels.dot import BLOCKS, METHODS, dot_ukernel, method_for
 
 MAX_VIRTUAL_ROWS = 1 / 8  # the share of computed-and-dropped pixels a conv's q rows may have (else rows = ow)
 
@@ -69,21 +73,22 @@ class Plan:
     red: Reduce
     rows: Rows
     method: str
-    ab: str           # u8s8 | s8s8
+    ab: str           # u8s8 | s8s8 | bf16
     nr: int
     b: Load
     b_base: Expr
     kp: int           # the panel's padded K
     k4: int           # 4-byte groups per kernel step
-    tail: int         # K % 4 values left to the epilogue (a one-axis GEMM)
+    tail: int         # K % group values left to the epilogue (a one-axis GEMM)
+    acc: str          # the C tile's type: int32 | float32
 
 
 def plan(k: Kernel, c: Compute, form: DotForm | None, target: Target) -> tuple[Plan | None, str]:
-    """(what the microkernel nest needs, "") or (None, why it does not apply), for the compute whose 8-bit dot-product
-    form (schedule/int8.py int8_form) is `form`. No side effects."""
+    """(what the microkernel nest needs, "") or (None, why it does not apply), for the compute whose dot-product form
+    (schedule/dot_form.py: int8_form, bf16_form) is `form`. No side effects."""
     if form is None or c.store is not None or "nr" not in c.hints:
-        return None, "not an 8-bit dot-product anchor with weight panels"
-    nr = int(c.hints["nr"])
+        return None, "not a dot-product anchor with weight panels"
+    nr, g = int(c.hints["nr"]), form.group
     method, why = method_for(target, form.a.dtype, nr)
     if method is None:
         return None, why
@@ -93,50 +98,52 @@ def plan(k: Kernel, c: Compute, form: DotForm | None, target: Target) -> tuple[P
     elif (c.hints.get("n_axis", -1) % len(c.axes)) != len(c.axes) - 1:
         return None, "the output is not contiguous along the panel's columns"
     red = next(e for e in walk(c.body) if isinstance(e, Reduce))
-    a, b = red.body.a.a, red.body.b.a  # i32(A) · i32(B): int8_form checked the casts
+    x, y = red.body.a, red.body.b
+    a, b = (x.a, y.a) if isinstance(x, Cast) else (x, y)  # i32(A) · i32(B) (8-bit), or A · B (bf16)
     K = int(np.prod([e for _, e in red.axes]))
-    panels = vnni_panels(k, b, red, c.axes[-1], nr, K, group=4)
+    panels = vnni_panels(k, b, red, c.axes[-1], nr, K, group=g)
     if panels is None:
         return None, "the weights are not in VNNI panels in the reduction's order"
     (r_last, e_last) = red.axes[-1]
-    tail = e_last % 4 if len(red.axes) == 1 else 0
-    if e_last % 4 and not tail or e_last < 4:
-        return None, f"a reduction of {e_last} values per step (the kernel takes groups of 4)"
-    rows = _rows(k, c, a, Reduce(red.op, red.axes[:-1] + ((r_last, e_last - tail),), red.body), spatial)
+    tail = e_last % g if len(red.axes) == 1 else 0
+    if e_last % g and not tail or e_last < g:
+        return None, f"a reduction of {e_last} values per step (the kernel takes groups of {g})"
+    rows = _rows(k, c, a, Reduce(red.op, red.axes[:-1] + ((r_last, e_last - tail),), red.body), spatial, 4 // g)
     if rows is None or len(rows.steps) > 3:
         return None, "A is not read in place (not contiguous along K, or more than three outer reduction axes)"
-    return Plan(c, red, rows, method, "u8s8" if a.dtype == "uint8" else "s8s8", nr, b, panels[0], panels[1],
-                (e_last - tail) // 4, tail), ""
+    ab = "bf16" if g == 2 else "u8s8" if a.dtype == "uint8" else "s8s8"
+    return Plan(c, red, rows, method, ab, nr, b, panels[0], panels[1], (e_last - tail) // g, tail,
+                "float32" if g == 2 else "int32"), ""
 
 
-def schedule_int8_ukernel(k: Kernel, c: Compute, form: DotForm | None, tag: str, target: Target, threads: int,
-                          dec: Decisions | None = None) -> tuple[list[Stmt] | None, str]:
-    """(the microkernel nest of an integer anchor, "") or (None, why it does not apply). Knob: `ukr_mr`, the
-    kernel's rows (even for SMMLA's row pairs)."""
+def schedule_dot_ukernel(k: Kernel, c: Compute, form: DotForm | None, tag: str, target: Target, threads: int,
+                         dec: Decisions | None = None) -> tuple[list[Stmt] | None, str]:
+    """(the microkernel nest of an integer or bf16 anchor, "") or (None, why it does not apply). Knob: `ukr_mr`, the
+    kernel's rows (even for SMMLA's / BFMMLA's row pairs)."""
     dec = dec if dec is not None else Decisions()
     p, why = plan(k, c, form, target)
     if p is None:
         return None, why
     main_mr = METHODS[p.method][1]
     mr = int(dec.knob("ukr_mr", pick_mr(p.rows.M, main_mr), range(1, min(p.rows.M, main_mr) + 1)))
-    if p.method == "i8mm" and mr % 2:
+    if p.method in BLOCKS and mr % 2:
         mr = mr + 1 if mr < main_mr else mr - 1
-    uk = int8_ukernel(p.method, p.ab, mr, p.nr)
+    uk = dot_ukernel(p.method, p.ab, mr, p.nr)
     k.extern_ir[uk.name] = uk.ir_text
     return _nest(k, p, uk.name, mr, tag, target, threads), ""
 
 
-def _rows(k: Kernel, c: Compute, a: Load, red: Reduce, spatial: tuple[Var, ...]) -> Rows | None:
+def _rows(k: Kernel, c: Compute, a: Load, red: Reduce, spatial: tuple[Var, ...], size: int) -> Rows | None:
     e_last = red.axes[-1][1]
     if spatial and all(v in c.axes for v in spatial):
         oh, ow = spatial
-        rows = in_place(k, c, a, red, spatial, size=1, kb=e_last)
+        rows = in_place(k, c, a, red, spatial, size=size, kb=e_last)
         pixels = c.extents[c.axes.index(oh)] * c.extents[c.axes.index(ow)]
         if rows is not None and rows.M <= pixels * (1 + MAX_VIRTUAL_ROWS):
             return rows
-        return in_place(k, c, a, red, (ow,), size=1, kb=e_last)
+        return in_place(k, c, a, red, (ow,), size=size, kb=e_last)
     m_v = c.axes[c.hints["m_axis"] % len(c.axes)]
-    return in_place(k, c, a, red, (m_v,), size=1, kb=e_last)
+    return in_place(k, c, a, red, (m_v,), size=size, kb=e_last)
 
 
 def _decode(others: list[tuple[Var, int]], flat: Expr) -> dict[Expr, Expr]:
@@ -187,6 +194,6 @@ def _nest(k: Kernel, p: Plan, kernel: str, mr: int, tag: str, target: Target, th
     b_at = Addr(p.b.buf, (substitute(p.b_base, o_of) + j * (p.kp * nr),))
     call = Call(kernel, (a_at, _i(rows.lda), left, b_at, Addr(ct, (_i(0),)), _i(nr), _i(n2[0]), _i(n2[1]),
                          _i(n1[0]), _i(n1[1]), _i(n0[0]), _i(n0[1]), _i(p.k4)))
-    epi = block_epilogue(c, p.red, ct, "int32", rows, q0, mr, o_of, j, nr, tag, M if M % mr else None, _tail(p))
+    epi = block_epilogue(c, p.red, ct, p.acc, rows, q0, mr, o_of, j, nr, tag, M if M % mr else None, _tail(p))
     kind = "parallel" if threads > 1 and items > 1 else "serial"
-    return [Loop(w, _i(items), [Alloc(ct, "int32", (mr, nr)), call, epi], kind)]
+    return [Loop(w, _i(items), [Alloc(ct, p.acc, (mr, nr)), call, epi], kind)]

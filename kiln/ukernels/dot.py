@@ -1,24 +1,26 @@
-"""Hand-written 8-bit GEMM microkernels (int32 accumulators), one per ISA's dot-product instruction, in LLVM IR — the
-`ukernel` strategy of the integer anchors (kiln/schedule/int8_ukernel.py). One narrow interface, a batch-reduce
+"""Hand-written dot-product GEMM microkernels — 8-bit (int32 accumulators) and bf16 (float32 accumulators) — one per
+ISA's dot-product instruction, in LLVM IR: the `ukernel` strategy of the integer and bf16 anchors
+(kiln/schedule/dot_ukernel.py). One narrow interface, a batch-reduce
 GEMM block (oneDNN's brgemm) whose A rows are read in place, where they are (a GEMM's activation rows, a blocked
 conv input's pixels at every tap):
 
     void kiln_ukr_<method>_<ab>_<MR>x<NR>(
         ptr A, i64 lda, i64 rows,     /* row i of A at A + min(i, rows − 1)·lda (bytes): rows past `rows` repeat  */
         ptr B,                        /* the weight panel in VNNI order, one step after another (below)          */
-        ptr C, i64 ldc,               /* the MR×NR int32 C tile, row stride ldc int32s; overwritten               */
+        ptr C, i64 ldc,               /* the MR×NR C tile (int32 / float32), row stride ldc elements; overwritten */
         i64 n2, i64 sa2, i64 n1, i64 sa1, i64 n0, i64 sa0,   /* the steps: for i2 < n2, i1 < n1, i0 < n0      */
         i64 K4)                       /* 4-byte groups per step (≥ 1)                                            */
 
     step s = (i2·n1 + i1)·n0 + i0 reads A at a = i2·sa2 + i1·sa1 + i0·sa0 bytes past each row's start, K4 groups
-    of 4 consecutive bytes, and B at B + s·K4·NR·4: K4 rows of NR columns × 4 bytes (graph/quant_pack.py)
-    C[i][j] = Σ_s Σ_{q<K4} Σ_{g<4} A[i][a + 4q + g] · B[s][q][j][g]
+    of 4 consecutive bytes, and B at B + s·K4·NR·4: K4 rows of NR columns × 4 bytes (graph/quant_pack.py; for bf16
+    the pair order of graph/passes/precision.py: a 4-byte group is a pair of bf16 values)
+    C[i][j] = Σ_s Σ_{q<K4} Σ_{g<G} A[i][a + 4q + g] · B[s][q][j][g]        (G = 4 bytes, or 2 bf16)
 
 A GEMM is one step (n2 = n1 = n0 = 1, K4 = K/4); a blocked 3×3 conv has (Ci/cb, kh, kw) steps of cb/4 groups, A
 advancing by the input's channel-block, row and pixel strides: the whole reduction is one call, its accumulators
 in registers throughout (no C reload per tap).
 
-Methods (`<method>`; `<ab>` = A's then B's signedness: u8s8 or s8s8):
+Methods (`<method>`; `<ab>` = A's then B's signedness, u8s8 or s8s8, or bf16):
     vnni512  x86 AVX-512 VNNI: vpdpbusd zmm (u8 × s8), A's 4-byte group broadcast from memory ({1to16})
     vnni256, vnni128  x86 AVX-VNNI / AVX-512 VNNI + VL: vpdpbusd ymm / xmm
     pmaddwd<bits>  x86 without VNNI (or s8 A): bytes widened to int16 pairs, two vpmaddwd per group (exact)
@@ -27,6 +29,8 @@ Methods (`<method>`; `<ab>` = A's then B's signedness: u8s8 or s8s8):
              groups per instruction: twice SDOT's multiply-adds per instruction. B's columns are interleaved per
              pair of groups in registers (zip1/zip2 of consecutive rows of the panel), so it reads the same VNNI
              panels as every other method; an odd last group runs with the upper half zero.
+    dpbf16_512, dpbf16_256  x86 AVX512_BF16 (+ VL): vdpbf16ps zmm / ymm, a bf16 pair per float32 lane
+    bfmmla   AArch64 BF16: BFMMLA v.4s — SMMLA's 2×2 block with 4 bf16 per row and column (two pairs), the same zips
 Registers (MR, NR at two vectors): AVX-512 14×32 (28 zmm accumulators), AVX2 6×16 (12 ymm), SSE 4×8, AArch64 8×8
 (16 q registers); NR one vector where the weights were packed so (a blocked conv whose channel block is one vector)."""
 from __future__ import annotations
@@ -42,11 +46,13 @@ METHODS: dict[str, tuple[int, int]] = {
     "vnni256": (8, 6), "pmaddwd256": (8, 6),
     "vnni128": (4, 4), "pmaddwd128": (4, 4),
     "sdot": (4, 8), "i8mm": (4, 8),
+    "dpbf16_512": (16, 14), "dpbf16_256": (8, 6), "bfmmla": (4, 8),
 }
+BLOCKS = ("i8mm", "bfmmla")   # the 2×2-block methods (row pairs × column pairs)
 
 
 @dataclass(frozen=True)
-class Int8UKernel:
+class DotUKernel:
     name: str
     method: str
     ab: str        # u8s8 | s8s8
@@ -56,40 +62,55 @@ class Int8UKernel:
 
 
 def method_for(target: Target, a_dtype: str, nr: int) -> tuple[str | None, str]:
-    """(the method of `target`'s int8 microkernel for A of `a_dtype` and NR-wide panels, or None; why not). x86: the
-    widest vector that divides NR (a blocked layout's 8-channel panels on AVX-512 take ymm), vpdpbusd where the CPU
-    has it at that width and A is u8, else vpmaddwd."""
+    """(the method of `target`'s microkernel for A of `a_dtype` (uint8 / int8 / bfloat16) and NR-wide panels, or
+    None; why not). x86: the widest vector that divides NR (a blocked layout's 8-channel panels on AVX-512 take ymm);
+    8-bit: vpdpbusd where the CPU has it at that width and A is u8, else vpmaddwd; bf16: vdpbf16ps."""
     f = features_on(target.features)
     if target.scalable:
-        return None, f"no int8 microkernel for scalable vectors ({target.name})"
+        return None, f"no dot-product microkernel for scalable vectors ({target.name})"
+    bf16 = a_dtype == "bfloat16"
     if target.arch == "x86_64":
         bits = next((b for b in (512, 256, 128) if b <= target.vector_bits and nr % (b // 32) == 0), 0)
         if not bits:
-            return None, f"no int8 microkernel for {nr}-column panels"
-        vnni = "avx512vnni" in f if bits == 512 else ("avxvnni" in f or {"avx512vnni", "avx512vl"} <= f)
-        method = f"vnni{bits}" if vnni and a_dtype == "uint8" else f"pmaddwd{bits}"
-    elif target.arch == "aarch64" and a_dtype == "int8":
-        method = "i8mm" if "i8mm" in f else "sdot" if "dotprod" in f else ""
+            return None, f"no microkernel for {nr}-column panels"
+        if bf16:
+            if "avx512bf16" not in f or bits == 128 or (bits == 256 and "avx512vl" not in f):
+                return None, f"no bf16 dot product (AVX512_BF16) on {target.name} at {bits} bits"
+            method = f"dpbf16_{bits}"
+        else:
+            vnni = "avx512vnni" in f if bits == 512 else ("avxvnni" in f or {"avx512vnni", "avx512vl"} <= f)
+            method = f"vnni{bits}" if vnni and a_dtype == "uint8" else f"pmaddwd{bits}"
+    elif target.arch == "aarch64" and (a_dtype == "int8" or bf16):
+        method = ("bfmmla" if "bf16" in f else "") if bf16 else "i8mm" if "i8mm" in f else "sdot" if "dotprod" in f \
+            else ""
         if not method:
-            return None, f"no int8 microkernel for {target.name} without dotprod or i8mm (direct: widening MACs)"
+            need = "bf16" if bf16 else "dotprod or i8mm"
+            return None, f"no {a_dtype} microkernel for {target.name} without {need}"
     else:
-        return None, f"no int8 microkernel for {target.name} with {a_dtype} activations"
+        return None, f"no microkernel for {target.name} with {a_dtype} activations"
     lanes = METHODS[method][0]
     if nr % lanes or nr > 2 * lanes:
-        return None, f"no int8 microkernel {method} for {nr}-column panels"
+        return None, f"no microkernel {method} for {nr}-column panels"
     return method, ""
 
 
+def operands_of(method: str) -> tuple[str, ...]:
+    """The `<ab>` a method multiplies."""
+    return ("u8s8",) if method.startswith("vnni") else ("s8s8",) if method in ("sdot", "i8mm") else \
+        ("bf16",) if "bf" in method else ("u8s8", "s8s8")
+
+
 @functools.cache
-def int8_ukernel(method: str, ab: str, mr: int, nr: int) -> Int8UKernel:
+def dot_ukernel(method: str, ab: str, mr: int, nr: int) -> DotUKernel:
     lanes, main_mr = METHODS[method]
-    if not 1 <= mr <= main_mr or (method == "i8mm" and mr % 2) or nr % lanes or nr > 2 * lanes:
-        raise ValueError(f"{method} int8 microkernels have 1..{main_mr} rows{' (even)' if method == 'i8mm' else ''} "
+    even = method in BLOCKS
+    if not 1 <= mr <= main_mr or (even and mr % 2) or nr % lanes or nr > 2 * lanes:
+        raise ValueError(f"{method} microkernels have 1..{main_mr} rows{' (even)' if even else ''} "
                          f"and {lanes} or {2 * lanes} columns, not {mr}x{nr}")
-    if ab != ("u8s8" if method.startswith("vnni") else "s8s8" if method in ("sdot", "i8mm") else ab):
-        raise ValueError(f"{method} multiplies {'u8 by s8' if method.startswith('vnni') else 's8 by s8'}, not {ab}")
+    if ab not in operands_of(method):
+        raise ValueError(f"{method} multiplies {' or '.join(operands_of(method))}, not {ab}")
     name = f"kiln_ukr_{method}_{ab}_{mr}x{nr}"
-    return Int8UKernel(name, method, ab, mr, nr, _kernel_ir(name, method, ab, mr, nr, lanes))
+    return DotUKernel(name, method, ab, mr, nr, _kernel_ir(name, method, ab, mr, nr, lanes))
 
 
 ARGS = ("ptr noalias nocapture readonly %A, i64 %lda, i64 %rows, ptr noalias nocapture readonly %B, "
@@ -120,12 +141,12 @@ def _kernel_ir(name: str, method: str, ab: str, mr: int, nr: int, w: int) -> str
 def _body_ir(name: str, method: str, ab: str, mr: int, nr: int, w: int, clamp: bool) -> str:
     out: list[str] = []
     emit = out.append
-    mm = method == "i8mm"
+    mm = method in BLOCKS
     nv = nr // w
-    # accumulators: (row, vector) <w x i32>; i8mm: (row pair, column pair) <4 x i32>
+    # accumulators: (row, vector) <w x i32 | float>; 2×2 blocks: (row pair, column pair) <4 x …>
     accs = [(i, v) for i in range(mr // 2) for v in range(nr // 2)] if mm else [(i, v) for i in range(mr)
                                                                                for v in range(nv)]
-    at = "<4 x i32>" if mm else f"<{w} x i32>"
+    at = f"<{4 if mm else w} x {'float' if ab == 'bf16' else 'i32'}>"
     emit(f"define internal void @{name}({ARGS}) nounwind noinline {{")
     emit("entry:")
     emit("  %last = sub i64 %rows, 1")
@@ -174,7 +195,7 @@ def _body_ir(name: str, method: str, ab: str, mr: int, nr: int, w: int, clamp: b
     k_acc = phis("kloop", [(lambda a: step_acc[a], "step"), (lambda a: f"%kn.{a[0]}.{a[1]}", "kloop")], "ka")
     new = (_i8mm_groups if mm else _vector_group)(emit, method, ab, mr, nr, w, "%q", k_acc, "k", pair=True)
     for a in accs:
-        emit(f"  %kn.{a[0]}.{a[1]} = add {at} {new[a]}, zeroinitializer")  # a stable name for the loop phi
+        emit(f"  %kn.{a[0]}.{a[1]} = bitcast {at} {new[a]} to {at}")  # a stable name for the loop phi
     emit(f"  %q.n = add i64 %q, {2 if mm else 1}")
     emit("  %q.more = icmp slt i64 %q.n, %kmain")
     emit("  br i1 %q.more, label %kloop, label %kpost")
@@ -194,7 +215,7 @@ def _body_ir(name: str, method: str, ab: str, mr: int, nr: int, w: int, clamp: b
         emit("  br label %kdone")
         emit("kdone:")
         for a in accs:
-            emit(f"  %fin.{a[0]}.{a[1]} = add {at} {post[a]}, zeroinitializer")
+            emit(f"  %fin.{a[0]}.{a[1]} = bitcast {at} {post[a]} to {at}")
     # advance the step counters: i0 wraps into i1, i1 into i2 (a by sa0, plus d1 / d2 at the wraps)
     emit("  %s.n = add i64 %s, 1")
     emit("  %i0.p = add i64 %i0, 1")
@@ -217,9 +238,9 @@ def _body_ir(name: str, method: str, ab: str, mr: int, nr: int, w: int, clamp: b
             for half, sel in ((0, "i32 0, i32 1, i32 4, i32 5"), (1, "i32 2, i32 3, i32 6, i32 7")):
                 row = 2 * p + half
                 for c in range(0, nr // 2, 2):
-                    emit(f"  %st.{row}.{c} = shufflevector <4 x i32> %fin.{p}.{c}, <4 x i32> %fin.{p}.{c + 1}, "
+                    emit(f"  %st.{row}.{c} = shufflevector {at} %fin.{p}.{c}, {at} %fin.{p}.{c + 1}, "
                          f"<4 x i32> <{sel}>")
-                    _store_row(emit, f"%st.{row}.{c}", "<4 x i32>", row, 2 * c)
+                    _store_row(emit, f"%st.{row}.{c}", at, row, 2 * c)
     else:
         for i, v in accs:
             _store_row(emit, f"%fin.{i}.{v}", at, i, v * w)
@@ -270,6 +291,12 @@ def _vector_group(emit, method: str, ab: str, mr: int, nr: int, w: int, q: str, 
             elif method == "sdot":
                 emit(f"  {d} = call {vt} @llvm.aarch64.neon.sdot.v4i32.v16i8({vt} {acc[(i, v)]}, {bt} {a}, "
                      f"{bt} {bs[v]})")
+            elif method.startswith("dpbf16"):  # the bytes as bf16 pairs; float32 lanes
+                ft, pt = f"<{w} x float>", f"<{2 * w} x bfloat>"
+                emit(f"  {d}.a = bitcast {bt} {a} to {pt}")
+                emit(f"  {d}.b = bitcast {bt} {bs[v]} to {pt}")
+                emit(f"  {d} = call {ft} @llvm.x86.avx512bf16.dpbf16ps.{32 * w}({ft} {acc[(i, v)]}, {pt} {d}.a, "
+                     f"{pt} {d}.b)")
             else:
                 ht = f"<{2 * w} x i16>"
                 fn = {4: "sse2.pmadd.wd", 8: "avx2.pmadd.wd", 16: "avx512.pmaddw.d.512"}[w]
@@ -291,7 +318,7 @@ def _pairs(emit, v: str, w: int, first: int, signed: bool, name: str) -> str:  #
 
 def _i8mm_groups(emit, method: str, ab: str, mr: int, nr: int, w: int, q: str,  # noqa: ANN001
                  acc: dict[tuple[int, int], str], tag: str, pair: bool) -> dict[tuple[int, int], str]:
-    """Groups q and q + 1 (pair) or q alone, upper half zero: SMMLA on (row pair p) × (column pair c)."""
+    """Groups q and q + 1 (pair) or q alone, upper half zero: SMMLA / BFMMLA on (row pair p) × (column pair c)."""
     emit(f"  %{tag}bo = mul i64 {q}, {4 * nr}")
     emit(f"  %{tag}ao = mul i64 {q}, 4")
     rows = []   # per quad of columns: X (group q) and Y (group q + 1, or zero)
@@ -329,8 +356,14 @@ def _i8mm_groups(emit, method: str, ab: str, mr: int, nr: int, w: int, q: str,  
         emit(f"  %{tag}a.{p} = bitcast <2 x i64> %{tag}av.{p} to <16 x i8>")
         for c in range(nr // 2):
             d = f"%{tag}m.{p}.{c}"
-            emit(f"  {d} = call <4 x i32> @llvm.aarch64.neon.smmla.v4i32.v16i8(<4 x i32> {acc[(p, c)]}, "
-                 f"<16 x i8> %{tag}a.{p}, <16 x i8> {bops[c]})")
+            if method == "bfmmla":  # 4 bf16 per row and column instead of 8 bytes
+                emit(f"  {d}.a = bitcast <16 x i8> %{tag}a.{p} to <8 x bfloat>")
+                emit(f"  {d}.b = bitcast <16 x i8> {bops[c]} to <8 x bfloat>")
+                emit(f"  {d} = call <4 x float> @llvm.aarch64.neon.bfmmla(<4 x float> {acc[(p, c)]}, "
+                     f"<8 x bfloat> {d}.a, <8 x bfloat> {d}.b)")
+            else:
+                emit(f"  {d} = call <4 x i32> @llvm.aarch64.neon.smmla.v4i32.v16i8(<4 x i32> {acc[(p, c)]}, "
+                     f"<16 x i8> %{tag}a.{p}, <16 x i8> {bops[c]})")
             new[(p, c)] = d
     return new
 
@@ -343,6 +376,11 @@ def _decls(method: str, w: int) -> list[str]:
         return [f"declare {vt} @llvm.aarch64.neon.sdot.v4i32.v16i8({vt}, {bt}, {bt})"]
     if method == "i8mm":
         return ["declare <4 x i32> @llvm.aarch64.neon.smmla.v4i32.v16i8(<4 x i32>, <16 x i8>, <16 x i8>)"]
+    if method == "bfmmla":
+        return ["declare <4 x float> @llvm.aarch64.neon.bfmmla(<4 x float>, <8 x bfloat>, <8 x bfloat>)"]
+    if method.startswith("dpbf16"):
+        ft, pt = f"<{w} x float>", f"<{2 * w} x bfloat>"
+        return [f"declare {ft} @llvm.x86.avx512bf16.dpbf16ps.{32 * w}({ft}, {pt}, {pt})"]
     ht = f"<{2 * w} x i16>"
     fn = {4: "sse2.pmadd.wd", 8: "avx2.pmadd.wd", 16: "avx512.pmaddw.d.512"}[w]
     return [f"declare {vt} @llvm.x86.{fn}({ht}, {ht})"]
