@@ -419,6 +419,18 @@ def test_isa_report_vdpbf16ps_loop() -> None:
     assert n_dp / macs_dp < 0.07 and n_dp / macs_dp < 0.5 * n_emu / macs_emu, (n_dp, macs_dp, n_emu, macs_emu)
 
 
+def test_isa_report_bf16_microkernel_loops() -> None:
+    """The bf16 table's microkernel rows (kiln/isa/bf16.py ukernel_loop, each kernel compiled alone): vdpbf16ps, one
+    per row and B vector per K step (14 × 2), and BFMMLA, one per 2×2 block (4 × 4), with the loads, broadcasts,
+    zips and address updates around them — under 0.1 / 0.2 instructions per multiply-accumulate."""
+    from kiln.isa.bf16 import ukernel_loop
+
+    n, dots = ukernel_loop("dpbf16_512", "avx512", "+avx512bf16,+avx512vl", "vdpbf16ps")
+    assert dots == 28 and n / (32 * dots) < 0.1, (n, dots)
+    n, mmla = ukernel_loop("bfmmla", "aarch64-neon", "+bf16", "bfmmla")
+    assert mmla == 16 and n / (16 * mmla) < 0.2, (n, mmla)
+
+
 def test_bounds_checked_bf16_build(width: str) -> None:
     """The debug build (bounds_check=True) emits each pair product plainly (Dot2.expand: every load checked): the
     same bf16-rounded result as the fast build, within float32 accumulation (K·2⁻²⁴·Σ|x·w|)."""

@@ -14,8 +14,9 @@ Rows:
     instructions (the reciprocal throughput).
   * the emulation (bf16 loads widened to float32, vfmadd231ps) — the same GEMM on the same CPU with the switch
     `dpbf16` off: what an AVX-512 CPU without AVX512_BF16 or AMX runs.
-  * AArch64 BFMMLA (a 2×4 · 4×2 block per 128-bit register: 16 MACs) through llvm-mca (neoverse-v1): the
-    instruction's capacity, not a Kiln kernel's (Kiln's AArch64 bf16 is emulated).
+  * vdpbf16ps in Kiln's bf16 microkernel (strategy ukernel, kiln/ukernels/dot.py), compiled alone, its K loop.
+  * AArch64 BFMMLA (a 2×4 · 4×2 block per 128-bit register: 16 MACs): Kiln's BFMMLA microkernel's K loop (strategy
+    ukernel; direct emission of bf16 on AArch64 is emulated), cycles through llvm-mca (neoverse-v1).
   * FMA fp32 (zmm vfmadd231ps) for scale."""
 from __future__ import annotations
 
@@ -84,6 +85,26 @@ def gemm_loop(dpbf16: bool, size: int = 256) -> tuple[int, int]:
     return len(insns), per * sum(m == op for m, _ in insns)
 
 
+def ukernel_loop(method: str, target: str, features: str, op: str) -> tuple[int, int]:
+    """(instructions, `op` instructions) of one iteration of the K loop of Kiln's bf16 microkernel `method`
+    (kiln/ukernels/dot.py: a whole tile, its main MR and two-vector NR) compiled alone for `target` + `features`."""
+    import dataclasses
+
+    from kiln.codegen.jit import emit_assembly, optimize
+    from kiln.target import resolve
+    from kiln.ukernels.dot import METHODS, dot_ukernel
+
+    lanes, mr = METHODS[method]
+    kern = dot_ukernel(method, "bf16", mr, 2 * lanes)
+    t = resolve(target)
+    t = dataclasses.replace(t, features=t.features + "," + features)
+    asm = emit_assembly(optimize(kern.ir_text.replace("define internal", "define"), t), t)
+    loops = innermost_loops(functions(asm)[kern.name + ".whole"])
+    loop = max(loops, key=lambda lp: sum(m == op for m, _ in lp.instructions()))
+    insns = loop.instructions()
+    return len(insns), sum(m == op for m, _ in insns)
+
+
 def _mca(line: str, triple: str, cpu: str, mattr: str = "") -> float | None:
     """Reciprocal throughput of one instruction: a block of 8 independent copies (distinct accumulators)."""
     try:
@@ -97,6 +118,8 @@ def _mca(line: str, triple: str, cpu: str, mattr: str = "") -> float | None:
 def table() -> list[Row]:
     n, products, macs = amx_loop()
     dp, emu = gemm_loop(True), gemm_loop(False)
+    uk_dp = ukernel_loop("dpbf16_512", "avx512", "+avx512bf16,+avx512vl", "vdpbf16ps")
+    uk_mm = ukernel_loop("bfmmla", "aarch64-neon", "+bf16", "bfmmla")
     x86, a64 = "x86_64-unknown-linux-gnu", "aarch64-unknown-linux-gnu"
     return [
         Row("tdpbf16ps", "AMX-BF16", 16 * 16 * 32, n / macs, AMX_CYCLES_PER_PRODUCT,
@@ -107,8 +130,13 @@ def table() -> list[Row]:
         Row("vfmadd231ps zmm (bf16 emulated)", "AVX-512", 16, emu[0] / emu[1],
             _mca("vfmadd231ps %zmm30, %zmm31, %zmm{i}", x86, "sapphirerapids"),
             f"Kiln's emulated tile K loop (dpbf16 off): {emu[0]} instructions, {emu[1] // 16} FMAs"),
-        Row("bfmmla", "AArch64 BF16", 2 * 2 * 4, None,
-            _mca("bfmmla v{i}.4s, v30.8h, v31.8h", a64, "neoverse-v1", "+bf16"), "llvm-mca neoverse-v1"),
+        Row("vdpbf16ps zmm (microkernel)", "AVX512_BF16", 16 * 2, uk_dp[0] / (32 * uk_dp[1]),
+            _mca("vdpbf16ps %zmm30, %zmm31, %zmm{i}", x86, "sapphirerapids"),
+            f"Kiln's microkernel (strategy ukernel) K loop: {uk_dp[0]} instructions, {uk_dp[1]} vdpbf16ps"),
+        Row("bfmmla", "AArch64 BF16", 2 * 2 * 4, uk_mm[0] / (16 * uk_mm[1]),
+            _mca("bfmmla v{i}.4s, v30.8h, v31.8h", a64, "neoverse-v1", "+bf16"),
+            f"Kiln's BFMMLA microkernel (strategy ukernel) K loop: {uk_mm[0]} instructions, {uk_mm[1]} bfmmla; "
+            "llvm-mca neoverse-v1 (direct emission: emulated)"),
         Row("vfmadd231ps zmm", "AVX-512 fp32", 16, None,
             _mca("vfmadd231ps %zmm30, %zmm31, %zmm{i}", x86, "sapphirerapids"), "llvm-mca sapphirerapids"),
     ]
