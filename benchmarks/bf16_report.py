@@ -1,6 +1,7 @@
 """Kiln bf16 vs Kiln fp32 vs OpenVINO bf16 / f32 (issue 18): median latency and the relative error to float32.
 
     flock /tmp/kiln-measure.lock python benchmarks/bf16_report.py gemm_1024 bert_base resnet50 [--threads 2]
+          [--ukernel]   (also "kiln bf16 ukernel": strategy="ukernel", the bf16 microkernels of kiln/ukernels/dot.py)
 
 Per workload (kiln.zoo models, random weights): every system compiled first (Kiln: kiln.compile(precision=...);
 OpenVINO: INFERENCE_PRECISION_HINT bf16 / f32), checked against onnxruntime float32 (max|out − ref| / max|ref|),
@@ -30,11 +31,13 @@ from kiln import zoo  # noqa: E402
 Runner = Callable[[], list[np.ndarray]]
 
 
-def kiln_system(model, feeds, threads: int, precision: str) -> tuple[Runner, str]:
+def kiln_system(model, feeds, threads: int, precision: str, strategy: str = "direct") -> tuple[Runner, str]:
     t0 = time.perf_counter()
-    exe = kiln.compile(model, num_threads=threads, precision=precision)
+    exe = kiln.compile(model, num_threads=threads, precision=precision, strategy=strategy)
     paths = Counter(exe.meta["precision"].values())
-    note = f"compile {time.perf_counter() - t0:.1f}s" + (f", anchors {dict(paths)}" if paths else "")
+    built = Counter(v.split(" (")[0] for v in exe.meta["strategies"].values())
+    note = f"compile {time.perf_counter() - t0:.1f}s" + (f", anchors {dict(paths)}" if paths else "") + \
+        (f", built {dict(built)}" if strategy != "direct" else "")
     return (lambda: exe.run(feeds)), note
 
 
@@ -77,8 +80,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--calls", type=int, default=10)
     ap.add_argument("--idle", type=float, default=1.0)
     ap.add_argument("--no-openvino", action="store_true")
+    ap.add_argument("--ukernel", action="store_true", help="also Kiln bf16 built with strategy='ukernel'")
     args = ap.parse_args(argv)
     systems = [("kiln fp32", kiln_system, "fp32"), ("kiln bf16", kiln_system, "bf16")]
+    if args.ukernel:
+        systems.append(("kiln bf16 ukernel", lambda m, f, t, p: kiln_system(m, f, t, p, "ukernel"), "bf16"))
     if not args.no_openvino:
         systems += [("openvino f32", openvino_system, "f32"), ("openvino bf16", openvino_system, "bf16")]
     for name in args.workloads:
@@ -112,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\n{name} ({args.threads} threads, {args.rounds}×{args.calls} calls, median ms; "
               f"error = max|out − ort fp32| / max|ort fp32|)")
         for label in runners:
-            print(f"  {label:14s} {med[label]:9.3f} ms   err {errors[label]:.2e}   {notes[label]}")
+            print(f"  {label:17s} {med[label]:9.3f} ms   err {errors[label]:.2e}   {notes[label]}")
         if "kiln fp32" in med and "kiln bf16" in med:
             print(f"  kiln bf16 speed-up vs kiln fp32: {med['kiln fp32'] / med['kiln bf16']:.2f}×")
         if "openvino bf16" in med and "kiln bf16" in med:
