@@ -260,7 +260,7 @@ def _pack_b(k: Kernel, c: Compute, b: Load, red: Reduce, nr: int, kp: int, tag: 
     k_at, n_at = kk * 2 + h, (pj % P) * nr + ni
     conds = ([cmp("<", k_at, _i(K))] if kp > K else []) + ([cmp("<", n_at, _i(N))] if N % nr else [])
     value: Expr = substitute(b, {rk: minimum(k_at, _i(K - 1)) if kp > K else k_at,
-                                 n_v: minimum(n_at, _i(N - 1)) if N % nr else n_at, **_decode(others, pj // P)})
+                                 n_v: minimum(n_at, _i(N - 1)) if N % nr else n_at, **decode_flat(others, pj // P)})
     if conds:
         value = Select(conds[0] if len(conds) == 1 else Bin("and", conds[0], conds[1]), value,
                        Const(0.0, "bfloat16"))
@@ -387,7 +387,7 @@ def _pack(k: Kernel, c: Compute, a: Load, red: Reduce, row_axes: tuple[Var, ...]
         zero = Const(0.0 if ops.elem == "bfloat16" else 0, ops.elem)
         body.append(Loop(kz, _i(Kp - K), [Store(ap, (o, t, mi, kz + K), zero)], "vector", 16, True))
     pf = Var(f"appack{tag}")
-    decode = _decode(others, pf // n_tiles)
+    decode = decode_flat(others, pf // n_tiles)
     nest = Loop(pf, _i(n_o * n_tiles), rename([Loop(mi, _i(mr), body)], {o: pf // n_tiles, t: pf % n_tiles, **decode}),
                 "parallel" if threads > 1 and n_o * n_tiles > 1 else "serial")
     q = Var("q")
@@ -435,7 +435,8 @@ def _flat_of(others: list[tuple[Var, int]]) -> Expr:
     return flat
 
 
-def _decode(others: list[tuple[Var, int]], flat: Expr) -> dict[Expr, Expr]:
+def decode_flat(others: list[tuple[Var, int]], flat: Expr) -> dict[Expr, Expr]:
+    """Each of `others` (row-major, the last fastest) at the merged index `flat`."""
     out: dict[Expr, Expr] = {}
     stride = 1
     for v, e in reversed(others):
@@ -511,7 +512,7 @@ def _nest(k: Kernel, c: Compute, red: Reduce, b: Load, b_base: Expr, rows: Rows,
         for cfg_mr in {mr} | {rh for _, rh in edges}:
             k.extern_ir[config_name(dt, cfg_mr, kb)] = config_ir(dt, cfg_mr, kb)
         w, bl = Var(f"aw{tag}"), Var(f"abl{tag}")
-        o_of = _decode(others, w // P)
+        o_of = decode_flat(others, w // P)
         body: list[Stmt] = [Alloc(ct, ops.acc, (block, nr))]
         if n_blocks:
             body += [Call(config_name(dt, mr, kb), ()),
@@ -526,12 +527,12 @@ def _nest(k: Kernel, c: Compute, red: Reduce, b: Load, b_base: Expr, rows: Rows,
                 j, ob = wi % P, wi // P
             else:
                 j, ob = wi // (n_o * n_blocks), wi % (n_o * n_blocks)
-            o_of = _decode(others, ob // n_blocks)
+            o_of = decode_flat(others, ob // n_blocks)
             return segment(o_of, (ob % n_blocks) * block, mt, mr, j)
         out.append(nest(n_o * n_blocks * P, main_item, mr))
     # edge rows: tiles of at most MR rows with MT = 1, each row count its own configuration
     for q0, rh in edges:
         def edge_item(wi: Expr, q0: int = q0, rh: int = rh) -> list[Stmt]:
-            return segment(_decode(others, wi // P), _i(q0), 1, rh, wi % P)
+            return segment(decode_flat(others, wi // P), _i(q0), 1, rh, wi % P)
         out.append(nest(n_o * P, edge_item, rh))
     return out

@@ -52,7 +52,7 @@ from kiln.kernel.ir import (
     substitute,
     walk,
 )
-from kiln.schedule.amx import Rows, block_epilogue, in_place, vnni_panels
+from kiln.schedule.amx import Rows, block_epilogue, decode_flat, in_place, vnni_panels
 from kiln.schedule.config import Decisions
 from kiln.schedule.dot_form import DotForm
 from kiln.schedule.tile import pick_mr
@@ -146,15 +146,6 @@ def _rows(k: Kernel, c: Compute, a: Load, red: Reduce, spatial: tuple[Var, ...],
     return in_place(k, c, a, red, (m_v,), size=size, kb=e_last)
 
 
-def _decode(others: list[tuple[Var, int]], flat: Expr) -> dict[Expr, Expr]:
-    out: dict[Expr, Expr] = {}
-    stride = 1
-    for v, e in reversed(others):
-        out[v] = (flat // stride) % e if stride > 1 else flat % e
-        stride *= e
-    return out
-
-
 def _tail(p: Plan) -> Callable[[dict[Expr, Expr]], Expr] | None:
     """The last K % 4 products of a one-axis GEMM at the epilogue's row and column (mapping)."""
     if not p.tail:
@@ -185,7 +176,7 @@ def _nest(k: Kernel, p: Plan, kernel: str, mr: int, tag: str, target: Target, th
     else:
         j, ot = w // (n_o * n_tiles), w % (n_o * n_tiles)
     o, t = ot // n_tiles, ot % n_tiles
-    o_of = _decode(others, o)
+    o_of = decode_flat(others, o)
     q0 = t * mr
     n2, n1, n0 = [(1, 0)] * (3 - len(rows.steps)) + rows.steps
     ct = f"Ci{tag}"
