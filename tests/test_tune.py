@@ -802,3 +802,27 @@ def test_tune_report_table() -> None:
     assert rows[0].startswith("| matmul | aaaaaaaa | 3 | 2 | 1 | 2.00 | 1000 → 2000 | 9 |")
     assert rows[1].startswith("| elementwise | bbbbbbbb | 1 | 0.4 | 0.4 | 1.00 | — | 1 |")
     assert "failed" in rows[2]
+
+
+def test_space_has_the_low_precision_strategy_knob() -> None:
+    """An integer anchor's and a bf16 anchor's space: the knob `strategy` (direct register tile or the dot-product
+    microkernel, kiln/ukernels/dot.py), whose `ukernel` value brings the microkernel's rows `ukr_mr` and drops the
+    direct tile's `mr`; the default is the direct tile."""
+    from test_ops_quant import qlinear_matmul_model
+
+    from kiln.ukernels.dot import method_for
+
+    t = resolve("avx512") if resolve("host").vector_bits == 512 else resolve("host")
+    a = np.random.default_rng(0).integers(0, 255, (64, 128)).astype(np.uint8)
+    cases = [("int8", qlinear_matmul_model(a, 64), "fp32")]
+    if method_for(t, "bfloat16", 2 * t.lanes(32))[0] is not None:
+        cases.append(("bf16", gemm(m=64, k=128, n=64)[0], "bf16"))
+    for what, model, precision in cases:
+        ws = workloads_of(kernels_of(model, t, 2, {}, precision=precision))
+        w = max(ws, key=lambda w: w.flops)
+        space = Space(w.kernel, t, 2, {})
+        knob = next(k for k in space.knobs.values() if k.name.endswith(":strategy"))
+        assert set(knob.domain) == {"direct", "ukernel"} and knob.default == "direct", (what, knob)
+        cand = space.realize({**space.default, knob.name: "ukernel"})
+        assert cand is not None and any(k.endswith(":ukr_mr") for k in cand.config), (what, cand and cand.config)
+        assert not any(k.endswith(":mr") for k in cand.config), what

@@ -32,6 +32,7 @@ from kiln.kernel.ir import (
 from kiln.schedule.amx import schedule_amx
 from kiln.schedule.bf16 import bf16_form, schedule_dpbf16
 from kiln.schedule.config import Config, Decisions, powers_of_two
+from kiln.schedule.dot_ukernel import plan as plan_dot_ukernel
 from kiln.schedule.dot_ukernel import schedule_dot_ukernel
 from kiln.schedule.guards import interior_swap
 from kiln.schedule.primitives import compute_to_loops, fuse, parallel, rename, split, vectorize
@@ -74,8 +75,10 @@ def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: i
             k.precision[node] = "amx"
             k.strategies.setdefault(node, str(c.hints.get("strategy", "direct")))
             return nest
-        why = ""
-        if str(c.hints.get("strategy", "direct")) == "ukernel":  # the bf16 microkernels (dot_ukernel.py)
+        why, strategy = "", str(c.hints.get("strategy", "direct"))
+        if strategy == "direct" and plan_dot_ukernel(k, c, bf16_form(c), target)[0] is not None:
+            strategy = str(dec.knob("strategy", "direct", ("direct", "ukernel")))  # the tuner may pick it
+        if strategy == "ukernel":  # the bf16 microkernels (dot_ukernel.py)
             ukr, why = schedule_dot_ukernel(k, c, bf16_form(c), tag, target,
                                             threads if options.get("parallel", True) else 1, dec)
             if ukr is not None:
