@@ -486,29 +486,28 @@ def test_int8_ukernels_against_numpy() -> None:
 
 @pytest.mark.parametrize("library", ["onednn", "mkl", "openblas"])
 def test_int8_library_strategy(library: str) -> None:
-    """`library:<name>` on integer anchors: a GEMM on the library's integer GEMM (oneDNN dnnl_gemm_u8s8s32 /
-    s8s8s32, MKL cblas_gemm_s8u8s32), the requantizing epilogue after it — exact against onnxruntime; a library
-    without one (OpenBLAS), and any integer conv, is built directly and says why."""
+    """`library:<name>` on integer anchors: GEMMs on the library's integer GEMM (oneDNN dnnl_gemm_u8s8s32 /
+    s8s8s32, MKL cblas_gemm_s8u8s32), convs through an 8-bit im2col and the transposed product (the weights are the
+    left operand of an NCHW conv, the GEMM takes the activation first), the requantizing epilogue after — exact
+    against onnxruntime; a library without an integer GEMM (OpenBLAS) builds them directly and says why."""
     from kiln.library import available
 
     ok, why = available(library)
     if not ok:
         pytest.skip(why)
     a = rand(2, 5, 37, lo=0, hi=255, dtype="uint8", seed=8)
-    m = qlinear_matmul_model(a, 21)
-    compare(m, {"a": a}, strategy=f"library:{library}")
-    built = set(kiln.compile(m, strategy=f"library:{library}", cache=False).meta["strategies"].values())
-    if library == "openblas":
-        assert built == {"direct (library:openblas not available: no integer GEMM for uint8 activations in "
-                         "library:openblas (library:onednn has u8 and s8, library:mkl u8))"}, built
-    else:
-        assert built == {f"library:{library}"}, built
-    x = rand(1, 8, 9, 7, lo=0, hi=255, dtype="uint8")
-    conv = qlinear_conv_model(x, 16, 1, "uint8", True)
-    compare(conv, {"x": x}, strategy=f"library:{library}")
-    built = set(kiln.compile(conv, strategy=f"library:{library}", cache=False).meta["strategies"].values())
-    assert built == {f"direct (library:{library} not available: no library builds an integer convolution "
-                     "(integer GEMMs: library:onednn, library:mkl))"}, built
+    x = rand(2, 32, 10, 11, lo=0, hi=255, dtype="uint8", seed=3)
+    s8 = rand(1, 16, 6, 7, lo=-128, hi=127, dtype="int8", seed=4)
+    for model, feeds in ((qlinear_matmul_model(a, 21), {"a": a}),
+                         (qlinear_conv_model(x, 24, 1, "uint8", True, stride=2), {"x": x}),
+                         (qlinear_conv_model(s8, 32, 1, "int8", False), {"x": s8})):
+        compare(model, feeds, strategy=f"library:{library}")
+        built = set(kiln.compile(model, strategy=f"library:{library}", cache=False).meta["strategies"].values())
+        if library == "openblas":
+            assert built == {"direct (library:openblas not available: no integer GEMM for uint8 activations in "
+                             "library:openblas (library:onednn has u8 and s8, library:mkl u8))"}, built
+        else:
+            assert built == {f"library:{library}"}, built
 
 
 # -- cross ISAs (qemu) -----------------------------------------------------------------------------------------------

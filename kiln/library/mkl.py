@@ -25,7 +25,7 @@ WHEEL = "mkl"
 SGEMM = "cblas_sgemm"
 IGEMM = {"uint8": "cblas_gemm_s8u8s32"}
 SYMBOLS = (SGEMM, *IGEMM.values())
-ROW_MAJOR, NO_TRANS, FIX_OFFSET = 101, 111, 173   # CBLAS_LAYOUT, CBLAS_TRANSPOSE, CBLAS_OFFSET
+ROW_MAJOR, NO_TRANS, TRANS, FIX_OFFSET = 101, 111, 112, 173   # CBLAS_LAYOUT, CBLAS_TRANSPOSE, CBLAS_OFFSET
 GOMP_SPINCOUNT = 20000
 
 _lib: ctypes.CDLL | None = None
@@ -63,14 +63,15 @@ def sgemm_call(trans_a: bool, trans_b: bool, m: int, n: int, k: int, a: Addr, ld
     return cblas_sgemm(SGEMM, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc)
 
 
-def igemm_call(a_dtype: str, m: int, n: int, k: int, a: Addr, lda: int, b: Addr, ldb: int, c: Addr, ldc: int,
-               co: Addr) -> Call | None:
-    """C[M×N] int32 = A[M×K] u8 · B[K×N] s8, row-major, no offsets: cblas_gemm_s8u8s32(RowMajor, N, N, FixOffset,
-    M, N, K, 1, A, lda, 0, B, ldb, 0, 0, C, ldc, co → one int32 zero); None for s8 activations."""
+def igemm_call(a_dtype: str, trans_a: bool, trans_b: bool, m: int, n: int, k: int, a: Addr, lda: int, b: Addr,
+               ldb: int, c: Addr, ldc: int, co: Addr) -> Call | None:
+    """C[M×N] int32 = op(A)[M×K] u8 · op(B)[K×N] s8, row-major, no offsets: cblas_gemm_s8u8s32(RowMajor, transa,
+    transb, FixOffset, M, N, K, 1, A, lda, 0, B, ldb, 0, 0, C, ldc, co → one int32 zero); None for s8 activations."""
     if a_dtype not in IGEMM:
         return None
     def i32(v: int) -> Const:
         return Const(int(v), "int32")
-    return Call(IGEMM[a_dtype], (i32(ROW_MAJOR), i32(NO_TRANS), i32(NO_TRANS), i32(FIX_OFFSET), i32(m), i32(n), i32(k),
-                                 Const(1.0, "float32"), a, i32(lda), i32(0), b, i32(ldb), i32(0), Const(0.0, "float32"),
-                                 c, i32(ldc), co))
+    trans = {False: i32(NO_TRANS), True: i32(TRANS)}
+    return Call(IGEMM[a_dtype], (i32(ROW_MAJOR), trans[trans_a], trans[trans_b], i32(FIX_OFFSET), i32(m), i32(n),
+                                 i32(k), Const(1.0, "float32"), a, i32(lda), i32(0), b, i32(ldb), i32(0),
+                                 Const(0.0, "float32"), c, i32(ldc), co))

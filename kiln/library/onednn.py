@@ -101,15 +101,16 @@ def sgemm_call(trans_a: bool, trans_b: bool, m: int, n: int, k: int, a: Addr, ld
                         b, i64(ldb), Const(0.0, "float32"), c, i64(ldc)))
 
 
-def igemm_call(a_dtype: str, m: int, n: int, k: int, a: Addr, lda: int, b: Addr, ldb: int, c: Addr, ldc: int,
-               co: Addr) -> Call | None:
-    """C[M×N] int32 = A[M×K] (u8 or s8) · B[K×N] (s8), row-major, no offsets (Kiln folds the zero points into the
-    epilogue's addend): dnnl_gemm_{u8,s8}s8s32('N', 'N', 'F', M, N, K, 1, A, lda, 0, B, ldb, 0, 0, C, ldc, co) with
-    co → one int32 zero. None for an activation type it has no GEMM for."""
+def igemm_call(a_dtype: str, trans_a: bool, trans_b: bool, m: int, n: int, k: int, a: Addr, lda: int, b: Addr,
+               ldb: int, c: Addr, ldc: int, co: Addr) -> Call | None:
+    """C[M×N] int32 = op(A)[M×K] (u8 or s8) · op(B)[K×N] (s8), row-major, no offsets (Kiln folds the zero points into
+    the epilogue's addend): dnnl_gemm_{u8,s8}s8s32(transa, transb, 'F', M, N, K, 1, A, lda, 0, B, ldb, 0, 0, C, ldc,
+    co) with co → one int32 zero. None for an activation type it has no GEMM for."""
     if a_dtype not in IGEMM:
         return None
     def i64(v: int) -> Const:
         return Const(int(v), "int64")
-    return Call(IGEMM[a_dtype], (Const(ord("N"), "int32"), Const(ord("N"), "int32"), Const(ord("F"), "int32"),
+    flag = {False: Const(ord("N"), "int32"), True: Const(ord("T"), "int32")}
+    return Call(IGEMM[a_dtype], (flag[trans_a], flag[trans_b], Const(ord("F"), "int32"),
                                  i64(m), i64(n), i64(k), Const(1.0, "float32"), a, i64(lda), Const(0, "int32"), b,
                                  i64(ldb), Const(0, "int32"), Const(0.0, "float32"), c, i64(ldc), co))

@@ -25,9 +25,9 @@ int8 tile kernels instead (schedule/amx.py: tdpbusd / tdpbssd, the epilogue on t
 strategy, as bf16 anchors do; exe.meta["precision"] says "amx" for it.
 
 Strategies: `ukernel` builds the anchor on the 8-bit microkernels instead (schedule/dot_ukernel.py: the same
-reduction in a hand-written kernel, the epilogue on the int32 tile it stores); `library` builds a GEMM on the
-library's integer GEMM where it has one (schedule/library.py; those weights are not packed); otherwise — an integer
-conv under `library`, a GEMM under a library without one — the anchor is built here and exe.meta["strategies"] says
+reduction in a hand-written kernel, the epilogue on the int32 tile it stores); `library` builds a GEMM, and a conv
+through im2col, on the library's integer GEMM where it has one (schedule/library.py; those anchors stay unpacked and
+NCHW); under a library without one the anchor is built here and exe.meta["strategies"] says
 "direct (<strategy> not available: why)". Under `direct` the tuner's knob `strategy` may pick the microkernel.
 Returns None (the default schedule then runs the plain integer loops) where the form does not match."""
 from __future__ import annotations
@@ -110,10 +110,8 @@ def schedule_int8(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
         if nest is not None:
             k.strategies[node] = "ukernel"
             return nest
-    elif strategy.startswith("library"):  # (a QMatMul whose library has an integer GEMM never gets here)
-        why = ("no library builds an integer convolution (integer GEMMs: library:onednn, library:mkl)"
-               if c.hints.get("int8") == "conv" else
-               f"no integer GEMM for {int8_form(c).a.dtype} activations in {strategy} (library:onednn has u8 and "
+    elif strategy.startswith("library"):  # (an anchor whose library has an integer GEMM never gets here)
+        why = (f"no integer GEMM for {int8_form(c).a.dtype} activations in {strategy} (library:onednn has u8 and "
                "s8, library:mkl u8)")
     k.strategies[node] = f"direct ({strategy} not available: {why})" if why else "direct"
     return dot_tile(c, tag, target, threads, int8_form, dec)

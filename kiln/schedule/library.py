@@ -203,14 +203,14 @@ def integer_product(prod: Expr) -> tuple[str, str] | None:
 
 
 def _copy(k: Kernel, op: Operand, deps: list[Axis], rows: list[Axis], cols: list[Axis], name: str,
-          pre: list[Compute]) -> Operand:
-    """Materialize an operand into a contiguous scratch buffer [deps..., rows..., cols...] (im2col for a
+          pre: list[Compute], dtype: str = "float32") -> Operand:
+    """Materialize an operand into a contiguous scratch buffer [deps..., rows..., cols...] of `dtype` (im2col for a
     convolution's input): a Kiln compute the caller schedules before the call."""
     axes = deps + rows + cols
-    buf = Buffer(name, "float32", tuple(n for _, n in axes))
+    buf = Buffer(name, dtype, tuple(n for _, n in axes))
     k.scratch.append(buf)
     vs = tuple(v for v, _ in axes)
-    pre.append(Compute(name, vs, buf.shape, op.expr if op.expr is not None else Load(op.buf, op.index, "float32")))
+    pre.append(Compute(name, vs, buf.shape, op.expr if op.expr is not None else Load(op.buf, op.index, dtype)))
     strides, span = {}, 1
     for v, n in reversed(axes):
         strides[v] = span
@@ -285,24 +285,41 @@ def schedule_library(k: Kernel, c: Compute, tag: str, target: Target, threads: i
 
 def _integer(k: Kernel, c: Compute, g: Gemm, lib: object, name: str, dtypes: tuple[str, str], tag: str,
              target: Target, threads: int, options: dict[str, bool]) -> list[Stmt]:
-    """An integer anchor on the library's integer GEMM: one call per batch item into int32 scratch (the library
+    """An integer anchor on the library's integer GEMM, which multiplies the activation (u8 / s8, its A) by the s8
+    weights (its B): a GEMM as it is, an NCHW conv — out[co, p] = W[co, k] · col[k, p], the weights on the left —
+    as the transposed product outᵀ[p, co] = colᵀ · Wᵀ (both operands passed transposed); operands that are no strided
+    matrix (a conv's input: im2col) copied first, 8-bit. One call per batch item into int32 scratch (the library
     threads it), then the epilogue (requantization) as its own pass over C."""
     from kiln.schedule.default import schedule_compute
 
-    a_buf = g.a.buf and k.buffer(g.a.buf).dtype
-    if g.a.expr is not None or g.b.expr is not None or dtypes[1] != "int8" or a_buf != dtypes[0]:
-        raise NotApplicable("the integer GEMM takes the activation (u8/s8) as A and the s8 weights as B, as loaded")
-    fa, fb = as_matrix(g.m, g.k, g.a.strides), as_matrix(g.k, g.n, g.b.strides)
-    if fa is None or fa[0] or fb is None or fb[0]:
-        raise NotApplicable("the integer GEMM's operands must be row-major matrices")
-    axes = g.batch + g.m + g.n
-    acc = Buffer(f"{c.out}_c{tag}", "int32", tuple(n for _, n in axes))
+    a, b, m, n = g.a, g.b, g.m, g.n
+    dt = {op.buf: (k.buffer(op.buf).dtype if op.buf else "") for op in (a, b)}
+    if dt[a.buf] == "int8" and dt[b.buf] in ("uint8", "int8") and dtypes == (dt[b.buf], dt[a.buf]) and \
+            dtypes[0] != dtypes[1]:
+        a, b, m, n = b, a, n, m  # the weights are the GEMM's left operand (an NCHW conv): the transposed product
+    elif dtypes[1] != "int8" or dt[a.buf] != dtypes[0] or dt[b.buf] != "int8":
+        raise NotApplicable("the integer GEMM takes the activation (u8/s8) as A and the s8 weights as B")
+    pre: list[Compute] = []
+
+    def matrix(op: Operand, rows: list[Axis], cols: list[Axis], what: str) -> tuple[Operand, tuple[bool, int]]:
+        fit = as_matrix(rows, cols, op.strides) if op.expr is None else None
+        if fit is None:
+            op = _copy(k, op, [ax for ax in g.batch if op.strides[ax[0]]], rows, cols, f"{c.out}_{what}{tag}", pre,
+                       dt[op.buf])
+            fit = as_matrix(rows, cols, op.strides)
+        assert fit is not None, "a contiguous copy always fits"
+        return op, fit
+    a, fa = matrix(a, m, g.k, "a")
+    b, fb = matrix(b, g.k, n, "b")
+    axes = g.batch + m + n
+    acc = Buffer(f"{c.out}_c{tag}", "int32", tuple(e for _, e in axes))
     co = Buffer(f"{c.out}_co{tag}", "int32", (1,))
     k.scratch += [acc, co]
     index = tuple(v for v, _ in axes)
     call = getattr(lib, "igemm_call", lambda *_: None)(
-        dtypes[0], _size(g.m), _size(g.n), _size(g.k), _at_origin(g.a, g.m + g.k), fa[1], _at_origin(g.b, g.k + g.n),
-        fb[1], _at_origin(Operand(acc.name, index, {}), g.m + g.n), max(_size(g.n), 1), Addr(co.name, (ZERO,)))
+        dtypes[0], fa[0], fb[0], _size(m), _size(n), _size(g.k), _at_origin(a, m + g.k), fa[1],
+        _at_origin(b, g.k + n), fb[1], _at_origin(Operand(acc.name, index, {}), m + n), max(_size(n), 1),
+        Addr(co.name, (ZERO,)))
     if call is None:
         raise NotApplicable(f"library:{name} has no GEMM for {dtypes[0]} activations")
     nest: list[Stmt] = [call]
@@ -313,7 +330,10 @@ def _integer(k: Kernel, c: Compute, g: Gemm, lib: object, name: str, dtypes: tup
     k.strategies[c.hints.get("node", c.out)] = f"library:{name}"
     epilogue = Compute(c.out, c.axes, c.extents, substitute(c.body, {g.reduce: Load(acc.name, index, "int32")}),
                        c.store)
-    return [Store(co.name, (ZERO,), Const(0, "int32")), *nest,
+    body: list[Stmt] = []
+    for i, p in enumerate(pre):
+        body += schedule_compute(k, p, f"{tag}l{i}", target, threads, options)
+    return [*body, Store(co.name, (ZERO,), Const(0, "int32")), *nest,
             *schedule_compute(k, epilogue, f"{tag}e0", target, threads, options)]
 
 

@@ -110,10 +110,11 @@ def _conv(g: Graph, n: Node, xb: Value | None, target: Target, block_out: bool) 
 
 def _qconv(g: Graph, n: Node, xb: Value | None, target: Target) -> tuple[Node, bool] | None:
     """An integer QConv blocked in and out (the only layout its dot-product tile and microkernel take; else it stays
-    NCHW): dense weights in the VNNI layout, depthwise ones as float taps (graph/quant_pack.py). Whatever its strategy:
-    no library call takes an integer conv (schedule/int8.py records the anchor as direct, and why)."""
+    NCHW): dense weights in the VNNI layout, depthwise ones as float taps (graph/quant_pack.py). Under a library
+    strategy it is blocked too unless that library has an integer GEMM for its activations (`library_conv`: then
+    im2col + that GEMM on the NCHW operands, schedule/library.py)."""
     x, w, a = n.inputs[0], n.inputs[1], n.attrs
-    if xb is None or w.const is None or len(x.shape) != 4:
+    if xb is None or w.const is None or len(x.shape) != 4 or library_conv(n):
         return None
     in_block, co = xb.shape[-1], w.shape[0]
     depthwise = a["group"] > 1
@@ -127,12 +128,22 @@ def _qconv(g: Graph, n: Node, xb: Value | None, target: Target) -> tuple[Node, b
     return Node("QPackedConv", [xb, packed] + n.inputs[2:], [], attrs, n.name), True
 
 
+def library_conv(n: Node) -> bool:
+    """A dense integer QConv (int32 accumulation) whose library strategy names a library with an integer GEMM for
+    its activations: it stays NCHW, for im2col + that GEMM (schedule/library.py)."""
+    strategy = strategy_of(n.attrs)
+    if not strategy.startswith("library") or n.attrs.get("group", 1) != 1 or n.attrs.get("acc") != "int32":
+        return False
+    from kiln.library import integer_gemm, library_of
+    return bool(integer_gemm(library_of(strategy), n.inputs[0].dtype))
+
+
 def _heavy(n: Node, target: Target) -> bool:
     """A dense 2-D float conv with a long reduction over channels that a block divides; any integer QConv whose
     channels an 8-bit block divides (its NCHW form has no fast schedule)."""
     x, w = n.inputs[0], n.inputs[1]
     if n.op == "QConv":
-        return (n.attrs["group"] == 1 and len(x.shape) == 4 and w.const is not None
+        return (n.attrs["group"] == 1 and len(x.shape) == 4 and w.const is not None and not library_conv(n)
                 and int8_channel_block(x.shape[1], target) > 0
                 and int8_channel_block(w.shape[0], target) > 0)
     return (n.attrs["group"] == 1 and len(x.shape) == 4 and x.dtype == w.dtype == "float32" and w.const is not None
