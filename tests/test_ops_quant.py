@@ -411,7 +411,7 @@ def built_strategies(model: onnx.ModelProto, width: str, strategy: str) -> dict[
 def int8_ukernel_cases() -> list[tuple[str, onnx.ModelProto, dict[str, np.ndarray]]]:
     u8 = rand(1, 8, 9, 7, lo=0, hi=255, dtype="uint8")
     s8 = rand(1, 8, 9, 7, lo=-128, hi=127, dtype="int8")
-    wide = rand(1, 32, 10, 12, lo=0, hi=255, dtype="uint8", seed=7)
+    wide = rand(2, 32, 10, 12, lo=0, hi=255, dtype="uint8", seed=7)  # batch 2: an outer axis of the nest
     a37 = rand(2, 5, 37, lo=0, hi=255, dtype="uint8", seed=8)       # K % 4 = 1: the epilogue's tail product
     s64 = rand(19, 64, lo=-128, hi=127, dtype="int8", seed=9)       # 19 rows: a partial last row tile
     return [("conv3x3 u8", qlinear_conv_model(u8, 16, 1, "uint8", True), {"x": u8}),   # q rows over padded pixels

@@ -16,7 +16,10 @@ with fewer rows (small M), `ukernel_for(target, mr, cols)` the narrow edge kerne
 `cols` (one vector) columns of the NR-wide panels — named kiln_ukr_<isa>_f32_<MR>x<cols>_b<NR>, same
 arguments — for a last panel that is mostly zero padding. `pack_kernel_for(target, mr)` is the family's
 A-packing kernel (BLIS's packm). `ir_text` is the LLVM IR definition that codegen links into the module
-(Kernel.extern_ir). A new ISA adds a family here with the same signatures."""
+(Kernel.extern_ir). A new ISA adds a family here with the same signatures.
+
+The low-precision kernels have their own interfaces: kiln/ukernels/dot.py (8-bit and bf16 dot-product kernels per
+ISA, a batch-reduce block reading A in place) and kiln/ukernels/amx.py (AMX tile kernels)."""
 from __future__ import annotations
 
 import functools
