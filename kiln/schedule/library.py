@@ -25,10 +25,11 @@ the library threads each call), and a MatMul without epilogue writes `out` direc
 (+ Transpose views → trans flags, + alpha/beta/bias → epilogue). A 1×1 stride-1 convolution reads its input as
 B = X[Ci, H·W] in place.
 
-Integer anchors (an unpacked QMatMul, kernel/lower_quant.py: out = E(Σ_k i32(A[m, k]) · i32(B[k, n]))) take the
-library's integer GEMM the same way — int32 C = u8/s8 A · s8 B, no offsets (the zero points are in Kiln's epilogue
-addend) — where it has one (kiln/library: oneDNN u8 and s8 activations, MKL u8; graph/passes/quantize_qdq.py keeps
-those weights unpacked for it); their operands are never copied (a copy would be a float one).
+Integer anchors (an unpacked QMatMul or NCHW QConv, kernel/lower_quant.py: out = E(Σ i32(A) · i32(W))) take the
+library's integer GEMM the same way — int32 C = u8/s8 activation · s8 weights, no offsets (the zero points are in
+Kiln's epilogue addend) — where it has one (kiln/library: oneDNN u8 and s8 activations, MKL u8; the graph passes keep
+those anchors unpacked and NCHW for it: quantize_qdq.packed_matmul, block_layout.library_conv); a conv's im2col
+copy is 8-bit, and as the library takes the activation as its left operand, a conv runs as outᵀ = colᵀ · Wᵀ.
 
 Falls back to the direct loop nest (returns None; `Kernel.strategies` records "direct" and the reason is
 logged on the `kiln.library` logger) when: the reduction is not a sum of products of two float32 loads; an
@@ -287,9 +288,9 @@ def _integer(k: Kernel, c: Compute, g: Gemm, lib: object, name: str, dtypes: tup
              target: Target, threads: int, options: dict[str, bool]) -> list[Stmt]:
     """An integer anchor on the library's integer GEMM, which multiplies the activation (u8 / s8, its A) by the s8
     weights (its B): a GEMM as it is, an NCHW conv — out[co, p] = W[co, k] · col[k, p], the weights on the left —
-    as the transposed product outᵀ[p, co] = colᵀ · Wᵀ (both operands passed transposed); operands that are no strided
-    matrix (a conv's input: im2col) copied first, 8-bit. One call per batch item into int32 scratch (the library
-    threads it), then the epilogue (requantization) as its own pass over C."""
+    as the transposed product outᵀ[p, co] = colᵀ · Wᵀ (im2col written as colᵀ, W read through the transpose flag);
+    operands that are no strided matrix (a conv's input) copied first, 8-bit. One call per batch item into int32
+    scratch (the library threads it), then the epilogue (requantization) as its own pass over C."""
     from kiln.schedule.default import schedule_compute
 
     a, b, m, n = g.a, g.b, g.m, g.n
