@@ -1,5 +1,9 @@
-"""AMX schedules for bf16 anchors (precision="bf16", graph/passes/precision.py): the anchor's reduction on AMX tile
-kernels (kiln/ukernels/amx.py), the epilogue on the C block in the existing fused form.
+"""AMX schedules for bf16 anchors (precision="bf16", graph/passes/precision.py) and integer anchors (QPackedMatMul,
+dense QPackedConv: schedule/int8.py): the anchor's reduction on AMX tile kernels (kiln/ukernels/amx.py: tdpbf16ps,
+or tdpbusd / tdpbssd on 8-bit operands into int32), the epilogue on the C block in the existing fused form.
+Everything below is written for bf16 (pairs, KB = 32 values = one 64-byte tile row); the integer anchors take it with
+`Operands` for 8-bit quads: VNNI panels of 4 (graph/quant_pack.py), steps of 64, 32 or 16 bytes (a 32-channel block
+read in place takes 32), packed rows u8/s8, C int32.
 
 Applies to the packed anchors with bf16 operands — PackedMatMul out[.., m, n] = Σ_k A[.., m, k] · Bv[n // NR, k // 2,
 n % NR, k % 2] and PackedConv (blocked output, dense) — on a host whose process may use AMX (kiln/runtime/amx.py),
