@@ -476,9 +476,10 @@ def test_bf16_ukernel(width: str, shape: tuple[int, ...]) -> None:
 
 
 @pytest.mark.parametrize("name", ["gemm_odd", "conv_r50_3x3"])
-def test_bf16_bfmmla_ukernel_under_qemu(tmp_path, name: str) -> None:  # noqa: ANN001
-    """AArch64 with BF16: strategy="ukernel" runs the BFMMLA microkernel (2×2 float32 blocks of 4-value bf16 dot
-    products); against the same model built directly (the emulation: bf16 operands, float32 FMAs) under qemu."""
+def test_bf16_aarch64_under_qemu(tmp_path, name: str) -> None:  # noqa: ANN001
+    """AArch64 with BF16: direct emission's pair dot product is BFDOT (codegen/dpbf16.py), strategy="ukernel" the
+    BFMMLA microkernel (2×2 float32 blocks of 4-value bf16 dot products); both against the emulation (bf16
+    operands, float32 FMAs: switch dpbf16 off) under qemu — one float32 sum order against another."""
     import dataclasses
 
     import kiln.cross as kc
@@ -489,8 +490,14 @@ def test_bf16_bfmmla_ukernel_under_qemu(tmp_path, name: str) -> None:  # noqa: A
         pytest.skip(have_toolchain("aarch64"))
     t = dataclasses.replace(resolve("aarch64-neon"), features="+neon,+fp-armv8,+bf16")
     model, feeds = zoo.build(name), zoo.inputs(name)
-    ukr = kc.run_qemu(kc.build_binary(model, t, str(tmp_path / "u"), strategy="ukernel", precision="bf16"), feeds)[0]
-    direct = kc.run_qemu(kc.build_binary(model, t, str(tmp_path / "d"), precision="bf16"), feeds)[0]
-    assert "bfmmla" in (tmp_path / "u" / "model.s").read_text()
-    scale = np.abs(direct[0]).max()
-    assert np.abs(ukr[0] - direct[0]).max() <= 1e-5 * scale  # one float32 sum order against another
+    builds = {"ukernel": ("ukernel", None), "direct": ("direct", None), "emulated": ("direct", {"dpbf16": False})}
+    out = {}
+    for label, (strategy, options) in builds.items():
+        b = kc.build_binary(model, t, str(tmp_path / label), strategy=strategy, options=options, precision="bf16")
+        out[label] = kc.run_qemu(b, feeds)[0][0]
+    assert "bfmmla" in (tmp_path / "ukernel" / "model.s").read_text()
+    assert "bfdot" in (tmp_path / "direct" / "model.s").read_text()
+    assert "bfdot" not in (tmp_path / "emulated" / "model.s").read_text()
+    scale = np.abs(out["emulated"]).max()
+    for label in ("ukernel", "direct"):
+        assert np.abs(out[label] - out["emulated"]).max() <= 1e-5 * scale, label

@@ -7,6 +7,7 @@ In a vector loop of n float32 lanes, with `a` uniform and `b` a pair per lane (w
     b  = load <2n x i16> at &b, bitcast <2n x bfloat>                  (masked per lane on an edge iteration)
     AVX512_BF16:            vdpbf16ps on 16-lane pieces (zmm)
     AVX512_BF16 + VL:       vdpbf16ps on 8 / 4-lane pieces (ymm / xmm: a 256-bit build on a BF16 host)
+    AArch64 BF16 (NEON):    bfdot on 4-lane pieces
     anything else:          `Dot2.expand()` — the emulation (bf16 widened exactly, float32 multiply-adds)
 
 vdpbf16ps adds the two (exact) products to the lane one after the other with round-to-nearest-even and flushes
@@ -27,8 +28,13 @@ I16, F32 = ir.IntType(16), ir.FloatType()
 
 
 def dpbf16_widths(target: Target | None) -> tuple[int, ...]:
-    """The float32 lane counts of the `vdpbf16ps` forms `target` has, widest first (none off x86)."""
-    if target is None or target.arch != "x86_64":
+    """The float32 lane counts of the pair dot products `target` has, widest first: x86 `vdpbf16ps` zmm/ymm/xmm,
+    AArch64 BF16 `bfdot` v.4s (fixed-width NEON); none elsewhere."""
+    if target is None:
+        return ()
+    if target.arch == "aarch64":
+        return (4,) if "bf16" in features(target) and not target.scalable else ()
+    if target.arch != "x86_64":
         return ()
     f = features(target)
     if "avx512bf16" not in f:
@@ -54,9 +60,16 @@ def emit_dot2(em, e: Dot2) -> tuple[ir.Value, bool]:  # noqa: ANN001  (em: codeg
     acc, a16, b16 = dot_operands(em, e, a_flat, b_ptr, b_flat, 2, I16)
     pairs = ir.VectorType(BF16, 2 * n)
     a2, b2 = em.b.bitcast(a16, pairs), em.b.bitcast(b16, pairs)
-    return pieces(em, acc, a2, b2, n, widths[0], _dpbf16, group=2), True
+    op = _bfdot if target.arch == "aarch64" else _dpbf16
+    return pieces(em, acc, a2, b2, n, widths[0], op, group=2), True
 
 
 def _dpbf16(em, acc: ir.Value, a: ir.Value, b: ir.Value, w: int) -> ir.Value:  # noqa: ANN001
     vt, pt = ir.VectorType(F32, w), ir.VectorType(BF16, 2 * w)
     return em.b.call(em._decl(f"llvm.x86.avx512bf16.dpbf16ps.{32 * w}", vt, [vt, pt, pt]), [acc, a, b])
+
+
+def _bfdot(em, acc: ir.Value, a: ir.Value, b: ir.Value, w: int) -> ir.Value:  # noqa: ANN001
+    """AArch64 BFDOT v.4s: per float32 lane, the pair's two products added (as vdpbf16ps; Arm's own rounding)."""
+    vt, pt = ir.VectorType(F32, 4), ir.VectorType(BF16, 8)
+    return em.b.call(em._decl("llvm.aarch64.neon.bfdot.v4f32.v8bf16", vt, [vt, pt, pt]), [acc, a, b])
