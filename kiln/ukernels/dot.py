@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 from kiln.target import Target, features_on
 
-# method → (int32 lanes per vector, main MR); NR is one or two vectors (the panel width the weights were packed for)
+# method → (32-bit lanes per vector, main MR); NR is one or two vectors (the panel width the weights were packed for)
 METHODS: dict[str, tuple[int, int]] = {
     "vnni512": (16, 14), "pmaddwd512": (16, 14),
     "vnni256": (8, 6), "pmaddwd256": (8, 6),
@@ -55,7 +55,7 @@ BLOCKS = ("i8mm", "bfmmla")   # the 2×2-block methods (row pairs × column pair
 class DotUKernel:
     name: str
     method: str
-    ab: str        # u8s8 | s8s8
+    ab: str        # u8s8 | s8s8 | bf16
     mr: int
     nr: int
     ir_text: str
