@@ -401,6 +401,7 @@ def executable_of(c: Compiled, tgt: Target, threads: int, bounds_check: bool = F
 
     g, dims = c.graph, c.program.dims
     shape = (lambda v: list(v.shape)) if dims is None else (lambda v: [dims.code(d) for d in v.shape])
+    how_multiplied = {node: how for k in c.program.kernels for node, how in k.precision.items()}
     meta = {
         "inputs": [{"name": v.name, "dtype": v.dtype, "shape": shape(v)} for v in g.inputs],
         "outputs": [{"name": n, "dtype": v.dtype, "shape": shape(v)} for n, v in zip(g.output_names, g.outputs)],
@@ -416,13 +417,12 @@ def executable_of(c: Compiled, tgt: Target, threads: int, bounds_check: bool = F
         "flops": [k.flops for k in c.program.kernels], "compile_s": c.timings,
         "symbols": sorted({s for k in c.program.kernels for s in k.symbols}),
         "strategies": {node: how for k in c.program.kernels for node, how in k.strategies.items()},
-        # how each bf16 anchor multiplied: "amx" tiles, "avx512bf16" vdpbf16ps, "emulated" (bf16 storage, f32 FMAs),
+        # how each bf16 / int8 anchor multiplied: "amx" tiles, "avx512bf16" vdpbf16ps, "bfdot", "bfmmla", "emulated",
         # or "fp32" (kept: no bf16 dot product for its form on this target, graph/passes/precision.py pairs_only)
-        "precision": {**{n.name: "fp32" for n in g.nodes if n.attrs.get("bf16_kept_fp32")},
-                      **{node: how for k in c.program.kernels for node, how in k.precision.items()}},
-        "amx": any(how == "amx" for k in c.program.kernels for how in k.precision.values()),
+        "precision": {**{n.name: "fp32" for n in g.nodes if n.attrs.get("bf16_kept_fp32")}, **how_multiplied},
+        "amx": "amx" in how_multiplied.values(),
         "bounds_check": bool(bounds_check),
-        "int8": _int8_meta(g, tgt, {node: how for k in c.program.kernels for node, how in k.precision.items()}),
+        "int8": _int8_meta(g, tgt, how_multiplied),
         "bounds_buffers": buffer_names(c.program) if bounds_check else [],
         "tuned": c.tuned,
     }

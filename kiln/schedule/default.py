@@ -76,15 +76,15 @@ def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: i
             k.strategies.setdefault(node, str(c.hints.get("strategy", "direct")))
             return nest
         why, strategy = "", str(c.hints.get("strategy", "direct"))
-        if strategy == "direct" and plan_dot_ukernel(k, c, bf16_form(c), target)[0] is not None:
-            strategy = str(dec.knob("strategy", "direct", ("direct", "ukernel")))  # the tuner may pick it
-        if strategy == "ukernel":  # the bf16 microkernels (dot_ukernel.py)
-            ukr, why = schedule_dot_ukernel(k, c, bf16_form(c), tag, target,
-                                            threads if options.get("parallel", True) else 1, dec)
-            if ukr is not None:
+        if strategy in ("direct", "ukernel"):  # the bf16 microkernels (dot_ukernel.py)
+            ukr, why = plan_dot_ukernel(k, c, bf16_form(c), target)
+            if strategy == "direct" and ukr is not None:
+                strategy = str(dec.knob("strategy", "direct", ("direct", "ukernel")))  # the tuner may pick it
+            if strategy == "ukernel" and ukr is not None:
                 k.precision[node] = "bfmmla" if target.arch == "aarch64" else "avx512bf16"
                 k.strategies[node] = "ukernel"
-                return ukr
+                return schedule_dot_ukernel(k, ukr, tag, target, threads if options.get("parallel", True) else 1, dec)
+            why = why if strategy == "ukernel" else ""
         nest = schedule_dpbf16(k, c, tag, target, threads, options, dec)  # else vdpbf16ps / bfdot where it has it
         if nest is not None:
             k.precision[node] = "bfdot" if target.arch == "aarch64" else "avx512bf16"

@@ -25,7 +25,7 @@ output row's ow alone (oh then an outer axis).
 A GEMM whose K is not a multiple of the group (4 bytes, a bf16 pair) gives the kernel the whole groups and adds the
 last products in the epilogue (`tail`). Where none of this applies — no microkernel for the target
 (kiln/ukernels/dot.py `method_for`), an A that is not a plain load contiguous along K, more than three outer
-reduction axes — `schedule_dot_ukernel` says why, and the anchor is emitted directly (exe.meta["strategies"]
+reduction axes — `plan` says why, and the anchor is emitted directly (exe.meta["strategies"]
 records "direct (…why…)")."""
 from __future__ import annotations
 
@@ -116,21 +116,18 @@ def plan(k: Kernel, c: Compute, form: DotForm | None, target: Target) -> tuple[P
                 "float32" if g == 2 else "int32"), ""
 
 
-def schedule_dot_ukernel(k: Kernel, c: Compute, form: DotForm | None, tag: str, target: Target, threads: int,
-                         dec: Decisions | None = None) -> tuple[list[Stmt] | None, str]:
-    """(the microkernel nest of an integer or bf16 anchor, "") or (None, why it does not apply). Knob: `ukr_mr`, the
-    kernel's rows (even for SMMLA's / BFMMLA's row pairs)."""
+def schedule_dot_ukernel(k: Kernel, p: Plan, tag: str, target: Target, threads: int,
+                         dec: Decisions | None = None) -> list[Stmt]:
+    """The microkernel nest of an integer or bf16 anchor from its plan (`plan`). Knob: `ukr_mr`, the kernel's rows
+    (even for SMMLA's / BFMMLA's row pairs)."""
     dec = dec if dec is not None else Decisions()
-    p, why = plan(k, c, form, target)
-    if p is None:
-        return None, why
     main_mr = METHODS[p.method][1]
     mr = int(dec.knob("ukr_mr", pick_mr(p.rows.M, main_mr), range(1, min(p.rows.M, main_mr) + 1)))
     if p.method in BLOCKS and mr % 2:
         mr = mr + 1 if mr < main_mr else mr - 1
     uk = dot_ukernel(p.method, p.ab, mr, p.nr)
     k.extern_ir[uk.name] = uk.ir_text
-    return _nest(k, p, uk.name, mr, tag, target, threads), ""
+    return _nest(k, p, uk.name, mr, tag, target, threads)
 
 
 def _rows(k: Kernel, c: Compute, a: Load, red: Reduce, spatial: tuple[Var, ...], size: int) -> Rows | None:

@@ -90,7 +90,8 @@ def choose_dot_tile(c: Compute, target: Target, dec: Decisions | None = None) ->
 def schedule_int8(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
                   options: dict[str, bool], dec: Decisions | None = None) -> list[Stmt] | None:
     """The loop nest of an integer anchor by its strategy, or None (the default schedule then builds it)."""
-    if int8_form(c) is None or target.scalable:
+    form = int8_form(c)
+    if form is None or target.scalable:
         return None
     node = c.hints.get("node", c.out)
     if not (options.get("register_tile", True) and options.get("vectorize", True)):
@@ -102,16 +103,17 @@ def schedule_int8(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
         k.precision[node] = "amx"
         k.strategies.setdefault(node, strategy)
         return nest
-    if strategy == "direct" and plan(k, c, int8_form(c), target)[0] is not None:  # the tuner may pick the microkernel
-        strategy = str(dec.knob("strategy", "direct", ("direct", "ukernel")))
     why = ""
-    if strategy == "ukernel":
-        nest, why = schedule_dot_ukernel(k, c, int8_form(c), tag, target, threads, dec)
-        if nest is not None:
+    if strategy in ("direct", "ukernel"):
+        ukr, why = plan(k, c, form, target)
+        if strategy == "direct" and ukr is not None:  # the tuner may pick the microkernel
+            strategy = str(dec.knob("strategy", "direct", ("direct", "ukernel")))
+        if strategy == "ukernel" and ukr is not None:
             k.strategies[node] = "ukernel"
-            return nest
+            return schedule_dot_ukernel(k, ukr, tag, target, threads, dec)
+        why = why if strategy == "ukernel" else ""
     elif strategy.startswith("library"):  # (an anchor whose library has an integer GEMM never gets here)
-        why = (f"no integer GEMM for {int8_form(c).a.dtype} activations in {strategy} (library:onednn has u8 and "
+        why = (f"no integer GEMM for {form.a.dtype} activations in {strategy} (library:onednn has u8 and "
                "s8, library:mkl u8)")
     k.strategies[node] = f"direct ({strategy} not available: {why})" if why else "direct"
     return dot_tile(c, tag, target, threads, int8_form, dec)

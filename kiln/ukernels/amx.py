@@ -37,6 +37,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from kiln.ukernels import steps
+
 # element type → (bytes per element, elements per VNNI group P, the tile product instruction, C element type)
 DTYPES: dict[str, tuple[int, int, str, str]] = {
     "bf16": (2, 2, "tdpbf16ps", "float32"),
@@ -174,12 +176,7 @@ def _ir(name: str, dtype: str, mt: int, nt: int, mr: int, kb: int) -> str:
     e("  br label %start")
     e("start:")
     # the step loop: s counts steps, (i0, i1) the inner counters, offa the A offset (updated without divisions)
-    e("  %t10 = mul i64 %n1, %n0")
-    e("  %total = mul i64 %t10, %n2")
-    e("  %n0sa0 = mul i64 %n0, %sa0")
-    e("  %d1 = sub i64 %sa1, %n0sa0")
-    e("  %n1sa1 = mul i64 %n1, %sa1")
-    e("  %d2 = sub i64 %sa2, %n1sa1")
+    L += steps.setup()
     e("  %any = icmp sgt i64 %total, 0")
     e("  br i1 %any, label %body, label %done")
     e("body:")
@@ -197,20 +194,7 @@ def _ir(name: str, dtype: str, mt: int, nt: int, mr: int, kb: int) -> str:
     for i, j in cs:
         e(f"  call void @llvm.x86.{op}(i8 {2 * i + j}, i8 {4 + i}, i8 {6 + j})")
     e(f"  %pbn = getelementptr i8, ptr %pbs, i64 {step}")
-    e("  %s1 = add i64 %s, 1")
-    e("  %i0p = add i64 %i0, 1")
-    e("  %w0 = icmp eq i64 %i0p, %n0")
-    e("  %i0n = select i1 %w0, i64 0, i64 %i0p")
-    e("  %w0i = zext i1 %w0 to i64")
-    e("  %i1p = add i64 %i1, %w0i")
-    e("  %w1 = icmp eq i64 %i1p, %n1")
-    e("  %i1n = select i1 %w1, i64 0, i64 %i1p")
-    e("  %j1 = select i1 %w0, i64 %d1, i64 0")
-    e("  %j2 = select i1 %w1, i64 %d2, i64 0")
-    e("  %oa1 = add i64 %offa, %sa0")
-    e("  %oa2 = add i64 %oa1, %j1")
-    e("  %offan = add i64 %oa2, %j2")
-    e("  %more = icmp slt i64 %s1, %total")
+    L += steps.advance()
     e("  br i1 %more, label %body, label %done")
     e("done:")
     for i, j in cs:

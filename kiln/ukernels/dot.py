@@ -39,6 +39,7 @@ import functools
 from dataclasses import dataclass
 
 from kiln.target import Target, features_on
+from kiln.ukernels import steps
 
 # method → (32-bit lanes per vector, main MR); NR is one or two vectors (the panel width the weights were packed for)
 METHODS: dict[str, tuple[int, int]] = {
@@ -149,7 +150,8 @@ def _body_ir(name: str, method: str, ab: str, mr: int, nr: int, w: int, clamp: b
     at = f"<{4 if mm else w} x {'float' if ab == 'bf16' else 'i32'}>"
     emit(f"define internal void @{name}({ARGS}) nounwind noinline {{")
     emit("entry:")
-    emit("  %last = sub i64 %rows, 1")
+    if clamp:
+        emit("  %last = sub i64 %rows, 1")
     for i in range(mr):
         if clamp:
             emit(f"  %lt.{i} = icmp slt i64 {i}, %rows")
@@ -158,18 +160,13 @@ def _body_ir(name: str, method: str, ab: str, mr: int, nr: int, w: int, clamp: b
         else:
             emit(f"  %ro.{i} = mul i64 %lda, {i}")
         emit(f"  %arow.{i} = getelementptr i8, ptr %A, i64 %ro.{i}")
-    emit("  %n10 = mul i64 %n1, %n0")
-    emit("  %nsteps = mul i64 %n2, %n10")
-    emit("  %x0 = mul i64 %n0, %sa0")
-    emit("  %d1 = sub i64 %sa1, %x0")          # a's change when i0 wraps
-    emit("  %x1 = mul i64 %n1, %sa1")
-    emit("  %d2 = sub i64 %sa2, %x1")          # … and when i1 wraps too
+    out.extend(steps.setup())                   # the K-step walk (kiln/ukernels/steps.py)
     emit(f"  %bstep = mul i64 %K4, {4 * nr}")
     emit(f"  %kmain = and i64 %K4, {-2 if mm else -1}")
     emit("  %has.main = icmp sgt i64 %kmain, 0")
     emit("  br label %step")
 
-    def phis(block: str, src: list[tuple[str, str]], prefix: str) -> dict[tuple[int, int], str]:
+    def phis(src: list[tuple[str, str]], prefix: str) -> dict[tuple[int, int], str]:
         names = {}
         for a in accs:
             n = f"%{prefix}.{a[0]}.{a[1]}"
@@ -177,22 +174,21 @@ def _body_ir(name: str, method: str, ab: str, mr: int, nr: int, w: int, clamp: b
             names[a] = n
         return names
 
-    # step loop header: s, a, i0, i1 and the accumulators
+    # step loop header: s, offa, i0, i1 and the accumulators
     emit("step:")
-    emit("  %s = phi i64 [ 0, %entry ], [ %s.n, %kdone ]")
-    emit("  %a = phi i64 [ 0, %entry ], [ %a.n, %kdone ]")
-    emit("  %i0 = phi i64 [ 0, %entry ], [ %i0.n, %kdone ]")
-    emit("  %i1 = phi i64 [ 0, %entry ], [ %i1.n, %kdone ]")
-    step_acc = phis("step", [(lambda a: "zeroinitializer", "entry"), (lambda a: f"%fin.{a[0]}.{a[1]}", "kdone")],
-                    "sa")
+    emit("  %s = phi i64 [ 0, %entry ], [ %s1, %kdone ]")
+    emit("  %offa = phi i64 [ 0, %entry ], [ %offan, %kdone ]")
+    emit("  %i0 = phi i64 [ 0, %entry ], [ %i0n, %kdone ]")
+    emit("  %i1 = phi i64 [ 0, %entry ], [ %i1n, %kdone ]")
+    step_acc = phis([(lambda a: "zeroinitializer", "entry"), (lambda a: f"%fin.{a[0]}.{a[1]}", "kdone")], "sa")
     emit("  %bsoff = mul i64 %s, %bstep")
     emit("  %bs = getelementptr i8, ptr %B, i64 %bsoff")
     for i in range(mr):
-        emit(f"  %ab.{i} = getelementptr i8, ptr %arow.{i}, i64 %a")
+        emit(f"  %ab.{i} = getelementptr i8, ptr %arow.{i}, i64 %offa")
     emit("  br i1 %has.main, label %kloop, label %kpost")
     emit("kloop:")
     emit("  %q = phi i64 [ 0, %step ], [ %q.n, %kloop ]")
-    k_acc = phis("kloop", [(lambda a: step_acc[a], "step"), (lambda a: f"%kn.{a[0]}.{a[1]}", "kloop")], "ka")
+    k_acc = phis([(lambda a: step_acc[a], "step"), (lambda a: f"%kn.{a[0]}.{a[1]}", "kloop")], "ka")
     new = (_i8mm_groups if mm else _vector_group)(emit, method, ab, mr, nr, w, "%q", k_acc, "k", pair=True)
     for a in accs:
         emit(f"  %kn.{a[0]}.{a[1]} = bitcast {at} {new[a]} to {at}")  # a stable name for the loop phi
@@ -200,7 +196,7 @@ def _body_ir(name: str, method: str, ab: str, mr: int, nr: int, w: int, clamp: b
     emit("  %q.more = icmp slt i64 %q.n, %kmain")
     emit("  br i1 %q.more, label %kloop, label %kpost")
     emit("kpost:")
-    post = phis("kpost", [(lambda a: step_acc[a], "step"), (lambda a: f"%kn.{a[0]}.{a[1]}", "kloop")], "kp")
+    post = phis([(lambda a: step_acc[a], "step"), (lambda a: f"%kn.{a[0]}.{a[1]}", "kloop")], "kp")
     if mm:  # an odd last group: its upper half zero
         emit("  %odd = icmp ne i64 %kmain, %K4")
         emit("  br i1 %odd, label %ktail, label %kdone")
@@ -216,22 +212,8 @@ def _body_ir(name: str, method: str, ab: str, mr: int, nr: int, w: int, clamp: b
         emit("kdone:")
         for a in accs:
             emit(f"  %fin.{a[0]}.{a[1]} = bitcast {at} {post[a]} to {at}")
-    # advance the step counters: i0 wraps into i1, i1 into i2 (a by sa0, plus d1 / d2 at the wraps)
-    emit("  %s.n = add i64 %s, 1")
-    emit("  %i0.p = add i64 %i0, 1")
-    emit("  %w0 = icmp eq i64 %i0.p, %n0")
-    emit("  %i0.n = select i1 %w0, i64 0, i64 %i0.p")
-    emit("  %i1.c = zext i1 %w0 to i64")
-    emit("  %i1.p = add i64 %i1, %i1.c")
-    emit("  %w1 = icmp eq i64 %i1.p, %n1")
-    emit("  %i1.n = select i1 %w1, i64 0, i64 %i1.p")
-    emit("  %a.0 = add i64 %a, %sa0")
-    emit("  %a.d1 = select i1 %w0, i64 %d1, i64 0")
-    emit("  %a.1 = add i64 %a.0, %a.d1")
-    emit("  %a.d2 = select i1 %w1, i64 %d2, i64 0")
-    emit("  %a.n = add i64 %a.1, %a.d2")
-    emit("  %s.more = icmp slt i64 %s.n, %nsteps")
-    emit("  br i1 %s.more, label %step, label %store")
+    out.extend(steps.advance())                 # the next step: i0 wraps into i1, i1 into i2
+    emit("  br i1 %more, label %step, label %store")
     emit("store:")
     if mm:  # block (p, c) = [r0·c0, r0·c1, r1·c0, r1·c1] of rows 2p, 2p+1 and columns 2c, 2c+1
         for p in range(mr // 2):
