@@ -92,6 +92,16 @@ def hot_loop(asm: str) -> list[Insn]:
     return best
 
 
+_STACK_VECTOR = re.compile(r"\(%rsp\)(\{1to\d+\})?,.*%[xyz]mm|%[xyz]mm\d+,\s*-?\d*\(%rsp\)")
+
+
+def vector_spills(insns: list[Insn]) -> int:
+    """Vector instructions that read or write a stack slot (a spill, a reload, or a reload folded into an FMA):
+    in a hot loop they are the register allocator running out of vector registers. Kiln's tiles are sized to fit
+    (schedule/tile.py), so one here is a schedule — or LLVM's scheduling of it — asking for more."""
+    return sum(bool(_STACK_VECTOR.search(i.operands)) for i in insns)
+
+
 def mix(insns: list[Insn]) -> dict[str, int]:
     counts = Counter(classify(i) for i in insns)
     return {c: counts.get(c, 0) for c in CLASSES}

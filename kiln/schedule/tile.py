@@ -68,8 +68,11 @@ if TYPE_CHECKING:
     from kiln.schedule.tail_calls import TailCalls
 
 # a blocked input's channel loop is unrolled in runs of at most this many FMAs (see tile_compute): AVX2 6×16 tiles
-# unroll 16-channel blocks whole (192 FMAs), AVX-512 14×32 tiles 8 of their 32 channels (224)
-UNROLL_FMAS = 256
+# unroll 16-channel blocks whole (192 FMAs), AVX-512 14×32 and 8×32 tiles 8 of their 32 channels (224, 128).
+# 256 let LLVM's znver5 scheduling model hoist the 8×32 tile's broadcasts across 16 channels until 86 vectors spilled
+# per trip (resnet18/50's last-stage Winograd products; not under sapphirerapids'), and the spilling kernel's
+# speed then varied 0.51–0.98 ms with where the JIT placed it (tests/test_register_pressure.py)
+UNROLL_FMAS = 224
 
 
 @dataclass(frozen=True)
@@ -172,10 +175,14 @@ def mr_domain(m: int, regs: int, nvec: int) -> range:
 def _packed_tile(c: Compute, red: Reduce, target: Target, dec: Decisions) -> TileShape:
     """The tile of a packed anchor: NR = the panel width; MR from the registers left beside the MR·nvec
     accumulators (see each case); rows that cross output-row ends where the rows are too short for MR."""
-    lanes, regs = target.lanes(32), target.vector_registers
-    nr = c.hints["nr"]
+    lanes, nr = target.lanes(32), c.hints["nr"]
     n_axis, m_axis = c.hints.get("n_axis", -1) % len(c.axes), c.hints["m_axis"] % len(c.axes)
     nvec = max(1, nr // lanes)
+    # without FMA (SSE) each step is a multiply into a temporary and an add, and SSE's two-operand multiply
+    # overwrites its input: nvec products and a broadcast copy more live at once. The budgets below then left
+    # 12 accumulators in 16 registers and LLVM spilled 26–42 per loop trip (tests/test_register_pressure.py);
+    # 8 spill none and ran 0.99–1.05× as fast on five convs (one interleaved run, Zen 5)
+    regs = target.vector_registers if target.has_fma else target.vector_registers - nvec - 2
     nchw_out = n_axis != len(c.axes) - 1  # vectors over an NCHW output's channels (stored transposed)
     taps = 1 if c.hints.get("in_block") or c.hints.get("depthwise") else _taps_along(c, red, c.axes[m_axis])
     # row i at tap t reads the pixel row i+1 reads at tap t−1: LLVM keeps the MR+taps−1 broadcasts live across
