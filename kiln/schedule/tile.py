@@ -229,7 +229,8 @@ def _packed_tile(c: Compute, red: Reduce, target: Target, dec: Decisions) -> Til
         flat = bool(dec.knob("flatten_rows", flat_mr > mr, (False, True)))
         if flat:
             mr, rows = flat_mr, flat_rows
-    mr = int(dec.knob("mr", mr, mr_domain(rows, regs, nvec)))
+    # the knob's domain counts every register: the tuner may still measure a tile that spills
+    mr = int(dec.knob("mr", mr, mr_domain(rows, target.vector_registers, nvec)))
     pf = prefetch_knob(dec, nr, red.axes[0][1], target) if len(red.axes) == 1 and "spatial" not in c.hints else 0
     return TileShape(m_axis, n_axis, mr, nr, lanes, flat, cb, pf, not target.scalable)
 
