@@ -166,3 +166,28 @@ def test_reorders_are_transposes_not_gathers(width: str) -> None:
     assert any("toblocked" in n for n in names) and any("fromblocked" in n for n in names), names
     assert "masked.gather" not in low.llvm_ir and "masked.scatter" not in low.llvm_ir
     check(model, {"x": x}, TOL, target=width)
+
+
+def test_box_decided_clamps_and_tests() -> None:
+    """schedule/ranges.py: over w < 224 the clamp of w is the identity and w < 224 is true; w − 1 (a padded
+    read) keeps its clamp and its test; a variable outside the box keeps everything."""
+    from kiln.kernel.ir import Const, Load, Select, Var, cmp, maximum, minimum
+    from kiln.schedule.ranges import TRUE, drop_decided
+
+    w, h = Var("w"), Var("h")
+    box = {w: 224}
+
+    def clamped(e):  # noqa: ANN001, ANN202
+        return minimum(maximum(e, Const(0, "int64")), Const(223, "int64"))
+
+    assert drop_decided(clamped(w), box) == w
+    assert drop_decided(cmp("<", w, Const(224, "int64")), box) == TRUE
+    assert drop_decided(cmp(">=", w * 2 + 1, Const(1, "int64")), box) == TRUE
+    assert drop_decided(clamped(w - 1), box) == clamped(w - 1)
+    assert drop_decided(clamped(h), box) == clamped(h)
+    read = Load("x", (clamped(w),), "float32")
+    guarded = Select(cmp("<", w, Const(224, "int64")), read, Const(0.0, "float32"))
+    assert drop_decided(guarded, box) == Load("x", (w,), "float32")
+    edge = Select(cmp("<", w + 1, Const(224, "int64")), read, Const(0.0, "float32"))
+    assert drop_decided(edge, box) == Select(cmp("<", w + 1, Const(224, "int64")), Load("x", (w,), "float32"),
+                                             Const(0.0, "float32"))
