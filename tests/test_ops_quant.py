@@ -635,3 +635,23 @@ def test_nncf_qdq_convnet() -> None:
     assert set(exe.meta["strategies"]) and exe.meta["int8"]  # integer anchors were built
     for f in samples(m, 3, 2):
         assert_steps(exe.run(f)[0], literal.run(None, f)[0], last_step(q))
+
+
+def test_requantize_epilogue_drops_the_second_clamp() -> None:
+    """kernel/simplify.py: the Quantize clamp after a ReLU6 folded into the quantized range is dropped; a clamp the
+    value can exceed is kept; a NaN still reaches the cast (the kept clamp passes it on)."""
+    from kiln.kernel.ir import Cast, Const, Load, Un, maximum, minimum
+    from kiln.kernel.simplify import drop_satisfied_clamps, float_range
+
+    x = Load("acc", (Const(0, "int64"),), "float32")
+    f = lambda v: Const(float(v), "float32")  # noqa: E731
+
+    def clamp(e, lo, hi):  # noqa: ANN001, ANN202
+        return minimum(maximum(e, f(lo)), f(hi))
+    inner = clamp(x * f(0.5), 0, 255)
+    assert float_range(Un("round", inner)) == (0.0, 255.0)
+    q = Cast("uint8", clamp(Un("round", inner / f(1.0)), 0, 255))
+    assert drop_satisfied_clamps(q) == Cast("uint8", Un("round", inner / f(1.0)))
+    shifted = Cast("uint8", clamp(Un("round", inner) + f(3), 0, 255))  # a zero point of 3: ≥ 3 but up to 258
+    assert drop_satisfied_clamps(shifted) == Cast("uint8", minimum(Un("round", inner) + f(3), f(255)))
+    assert drop_satisfied_clamps(clamp(x, 0, 255)) == clamp(x, 0, 255)
