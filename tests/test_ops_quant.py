@@ -20,6 +20,7 @@ from onnx import helper, numpy_helper
 import kiln
 from conftest import C, check, make_model, op_model, rand, run_kiln, run_ort, width_runs
 from kiln.codegen.int8 import vnni_widths
+from kiln.codegen.jit import emit_assembly, optimize
 from kiln.compiler import check_options, executable_of, lower
 from kiln.errors import KilnError
 from kiln.quantization import snr_db
@@ -56,6 +57,25 @@ def test_quantize_dequantize(dtype: str, per_channel: bool) -> None:
              helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], **axis)]
     m = make_model(nodes, {"x": x}, ["q", "y"], {"s": s, "z": zp}, opset=13)
     compare(m, {"x": x}, step=float(s.max()))
+
+
+def test_quantize_rounds_ties_to_even(width: str) -> None:
+    """A clipped value quantized (the int8 epilogue's shape: the Quantize clamp dropped as satisfied,
+    kernel/simplify.py) converts with one cvtps2dq on x86 — round half to even in the default rounding mode,
+    codegen/exprs.py — where it rounded, then truncated: the ties ±0.5, 1.5, 2.5 … against onnxruntime."""
+    x = (np.arange(-300, 300, dtype=np.float32) + 0.5).reshape(6, 100) * np.float32(0.25)
+    for dt, lo, hi in (("uint8", 0.0, 63.75), ("int8", -32.0, 31.75)):
+        nodes = [helper.make_node("Clip", ["x", "lo", "hi"], ["c"]),
+                 helper.make_node("QuantizeLinear", ["c", "s", "z"], ["q"])]
+        m = make_model(nodes, {"x": x}, ["q"], {"lo": np.array(lo, np.float32), "hi": np.array(hi, np.float32),
+                                                "s": np.array(0.25, np.float32), "z": np.array(0, dt)}, opset=13)
+        t = resolve(width)
+        if t.arch == "x86_64":
+            asm = emit_assembly(optimize(lower(m, t, 2, check_options({}), stop_after="llvm").llvm_ir, t), t)
+            assert "cvtps2dq" in asm and "cvttps2dq" not in asm and "rndscale" not in asm and "roundps" not in asm
+        got = run_kiln(m, {"x": x}, target=width)
+        if got is not None:
+            np.testing.assert_array_equal(got[0], run_ort(m, {"x": x})[0])
 
 
 @pytest.mark.parametrize("opset", [10, 21])

@@ -43,6 +43,8 @@ I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType
 F32, F64 = ir.FloatType(), ir.DoubleType()
 PTR = ir.PointerType()
 
+# the integer types a rounding convert (Emitter.cast) produces through 32 bits: its value fits after the clamp before
+_LRINT_TO = ("int32", "int16", "uint16", "int8", "uint8")
 SCALAR: dict[str, ir.Type] = {"float32": F32, "float64": F64, "int64": I64, "int32": I32, "int8": I8, "uint8": I8,
                               "bool": I1, "bfloat16": F32}
 # bool is one byte in memory, as in numpy; bfloat16 is the upper half of a float32 (values are float32 in registers:
@@ -617,7 +619,23 @@ class ExprEmitter:
             return splat_constant(t, v)
         return ir.Constant(t, v)
 
+    def _rounding_convert(self, e: Cast) -> bool:
+        """int(round(x)) of float32 on x86: one cvtps2dq (llvm.lrint, round-half-even in the default rounding
+        mode) instead of vrndscaleps + vcvttps2dq — one of the eight operations per vector of an int8 epilogue."""
+        a = e.a
+        return isinstance(a, Un) and a.op == "round" and a.a.dtype == "float32" and e.dtype in _LRINT_TO and \
+            getattr(self.target, "arch", None) == "x86_64"
+
     def cast(self, e: Cast) -> tuple[ir.Value, bool]:
+        if self._rounding_convert(e):
+            x, vec = self.ev(e.a.a)  # type: ignore[attr-defined]
+            i32 = ir.VectorType(ir.IntType(32), x.type.count) if vec else ir.IntType(32)
+            lanes = f"v{x.type.count}" if vec else ""
+            name = f"llvm.lrint.{lanes}i32.{lanes}f32"
+            fn = self.m.globals.get(name) or ir.Function(self.m, ir.FunctionType(i32, [x.type]), name)
+            r = self.b.call(fn, [x])
+            to = SCALAR[e.dtype]
+            return (r if to.width == 32 else self.b.trunc(r, ir.VectorType(to, x.type.count) if vec else to)), vec
         x, vec = self.ev(e.a)
         src, dst = e.a.dtype, e.dtype
         st, dt = SCALAR[src], SCALAR[dst]
