@@ -41,8 +41,9 @@ def pack_qconv_blocked(w: np.ndarray, nr: int, in_block: int) -> np.ndarray:
 
 
 def pack_depthwise(w: np.ndarray, nr: int) -> np.ndarray:
+    """Depthwise int8 taps [C/nr, kh, kw, nr]: per tap, one vector of the block's channels."""
     c, _, kh, kw = w.shape
-    return np.ascontiguousarray(w.reshape(c // nr, nr, kh, kw).transpose(0, 2, 3, 1).astype(np.float32))
+    return np.ascontiguousarray(w.reshape(c // nr, nr, kh, kw).transpose(0, 2, 3, 1).astype(np.int8))
 
 
 def int8_channel_block(c: int, target: Target) -> int:

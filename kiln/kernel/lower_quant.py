@@ -141,8 +141,9 @@ def lower_qpacked_conv(n: Node) -> Lowered:
     """Blocked in and out (graph/passes/block_layout.py): out[b, cob, oh, ow, coi] =
       dense      Σ_{cib, kh, kw, ci} X[b, cib, oh·s + kh·d, ow·s + kw·d, ci] ·
                  Wp[cob, cib, kh, kw, ci // 4, coi, ci % 4] on a copy of X padded with its zero point (int32);
-      depthwise  Σ_{kh, kw} f32(X[b, cob, ih, iw, coi]) · Wd[cob, kh, kw, coi], padding read through guards that
-                 yield the zero point (float32, on the float depthwise tile of schedule/tile.py);
+      depthwise  Σ_{kh, kw} i32(X[b, cob, ih, iw, coi]) · i32(Wd[cob, kh, kw, coi]), padding read through guards
+                 that yield the zero point (int32, on the depthwise tile of schedule/tile.py: each product a 16-bit
+                 pair with a zero upper half, so LLVM emits `vpdpwssd` / `pmaddwd`, no int→float convert per tap);
     plus addend[co]. The hints are PackedConv's (schedule/tile.py, schedule/int8.py)."""
     x, wp = n.inputs[0], n.inputs[1]
     y, ax = _out(n)
@@ -157,7 +158,7 @@ def lower_qpacked_conv(n: Node) -> Lowered:
     pre = tmp = None
     if a["depthwise"]:
         xs = guarded_window(x, (b, cob), tuple(p - a["pads"][i] for i, p in enumerate(sp)), (coi,), int(a["fill"]))
-        body = Reduce("sum", taps, product(xs, Load(wp.name, (cob,) + ks + (coi,), wp.dtype), "float32"))
+        body = Reduce("sum", taps, product(xs, Load(wp.name, (cob,) + ks + (coi,), wp.dtype), "int32"))
     else:
         pre, tmp, src = _padded(x, a["pads"], fill, f"{y.name}.pad")
         cib, cii = Var("rcb"), Var("rc")

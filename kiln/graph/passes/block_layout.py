@@ -110,7 +110,7 @@ def _conv(g: Graph, n: Node, xb: Value | None, target: Target, block_out: bool) 
 
 def _qconv(g: Graph, n: Node, xb: Value | None, target: Target) -> tuple[Node, bool] | None:
     """An integer QConv blocked in and out (the only layout its dot-product tile and microkernel take; else it stays
-    NCHW): dense weights in the VNNI layout, depthwise ones as float taps (graph/quant_pack.py). Under a library
+    NCHW): dense weights in the VNNI layout, depthwise ones as int8 taps (graph/quant_pack.py). Under a library
     strategy it is blocked too unless that library has an integer GEMM for its activations (`library_conv`: then
     im2col + that GEMM on the NCHW operands, schedule/library.py)."""
     x, w, a = n.inputs[0], n.inputs[1], n.attrs
@@ -119,7 +119,7 @@ def _qconv(g: Graph, n: Node, xb: Value | None, target: Target) -> tuple[Node, b
     in_block, co = xb.shape[-1], w.shape[0]
     depthwise = a["group"] > 1
     out_block = in_block if depthwise else int8_channel_block(co, target)
-    if not out_block or in_block % INT8_K_GROUP or (depthwise and a["acc"] != "float32"):
+    if not out_block or in_block % INT8_K_GROUP:
         return None
     wp = pack_depthwise(w.const, out_block) if depthwise else pack_qconv_blocked(w.const, out_block, in_block)
     packed = Value(g.fresh(w.name + ".packed"), TensorType(wp.dtype.name, wp.shape), const=wp)

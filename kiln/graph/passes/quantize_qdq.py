@@ -21,8 +21,9 @@ anchors run on integers and values stay 8-bit between them:
         Conv(DQ(x, sx, zx), DQ(w, sw, zw), b)  ⇒  QConv(x, w − zw, addend) → Cast f32 → · sx·sw (+ b)
         addend[co] = −zx·Σw[co] (+ b / (sx·sw) when b is an int32 bias at that scale, as onnxruntime writes it)
 
-    A depthwise conv accumulates in float32 (exact). Weights with a zero point that does not re-centre into int8,
-    grouped (non-depthwise) convs and non-2-D convs keep their float form ("fp32 between DQ and Q": correct).
+    A depthwise conv accumulates int32 too (u8 · s8 products as 16-bit pairs: `vpdpwssd` / `pmaddwd`). Weights with
+    a zero point that does not re-centre into int8, grouped (non-depthwise) convs and non-2-D convs keep their float
+    form ("fp32 between DQ and Q": correct).
 
  4. requantize folding — an integer anchor whose float result goes (through Relu / Clip) only into a Quantize with
     a constant scalar scale sy has the scale folded into one multiplier and the zero point into the rounding:
@@ -48,7 +49,6 @@ from kiln.target import Target
 # single-input ops that commute with a per-tensor (de)quantization with the same parameters (max pooling is
 # monotonic; the rest move elements without arithmetic)
 DATA_OPS = ("Reshape", "Transpose", "Slice", "Expand", "Tile", "Gather")
-MAX_FLOAT_ACC_TERMS = 512  # products of ≤ 255·128 each: a float32 sum of at most this many stays exact
 
 
 def _const(g: Graph, arr: np.ndarray, hint: str) -> Value:
@@ -241,14 +241,9 @@ def _conv_anchor(g: Graph, n: Node, act: str, new: list[Node]) -> Value | None:
     scale = (sx * sw).astype(np.float32)
     addend, bias = _bias_addend(n.inputs[2] if len(n.inputs) > 2 else None, scale, co)
     wsum = wc.astype(np.int64).reshape(co, -1).sum(axis=1)
-    float_acc = cig * int(np.prod(w.shape[2:])) <= MAX_FLOAT_ACC_TERMS and depthwise
     addend = addend.astype(np.int64) - zx * wsum
-    if float_acc:
-        wcon = _const(g, wc.astype(np.float32), w.name + ".int")
-        add = _const(g, addend.astype(np.float32), "addend")
-    else:
-        wcon, add = _const(g, wc, w.name + ".int8"), _const(g, addend.astype(np.int32), "addend")
-    attrs = {**a, "fill": zx, "acc": "float32" if float_acc else "int32"}
+    wcon, add = _const(g, wc, w.name + ".int8"), _const(g, addend.astype(np.int32), "addend")
+    attrs = {**a, "fill": zx, "acc": "int32"}
     q = _node(g, "QConv", [xq, wcon, add], attrs, n.name)
     new.append(q)
     return _epilogue(g, q.outputs[0], scale, bias, (co, 1, 1), n.name, new)
