@@ -271,17 +271,18 @@ def test_ort_static_qdq_convnet(width: str) -> None:
         assert_steps(exe.run(f)[0], run_ort(q, f)[0], last_step(q))
 
 
-@pytest.mark.parametrize("w", [37, 224])
-def test_rgb_stem_quantize_reorders_rows(width: str, w: int) -> None:
+@pytest.mark.parametrize("c,w", [(3, 37), (3, 224), (24, 37)])
+def test_rgb_stem_quantize_reorders_rows(width: str, c: int, w: int) -> None:
     """The float input's QuantizeLinear fused into the ToBlocked reorder of its 3 channels padded to a 4-byte
-    group: rows read with vector loads, not gathers (the pad's clamps dropped over the row, schedule/ranges.py),
-    the full vector width along the row with a masked tail at 37 pixels; outputs within one step of onnxruntime."""
+    group (24 channels: blocks of 8 on AVX-512): rows read with vector loads, not gathers (the pad's clamps
+    dropped over the row, schedule/ranges.py), the full vector width along the row with a masked tail at 37 pixels;
+    outputs within one step of onnxruntime."""
     r = np.random.default_rng(0)
-    inits = {"w1": (r.standard_normal((8, 3, 3, 3)) / 5).astype(np.float32),
+    inits = {"w1": (r.standard_normal((8, c, 3, 3)) / 5).astype(np.float32),
              "b1": (r.standard_normal(8) * 0.1).astype(np.float32)}
     g = helper.make_graph([helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
                            helper.make_node("Relu", ["c1"], ["y"])], "stem",
-                          [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 5, w])],
+                          [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, c, 5, w])],
                           [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 8, 5, w])],
                           [numpy_helper.from_array(a, n) for n, a in inits.items()])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
