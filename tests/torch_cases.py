@@ -59,7 +59,7 @@ def check_module(module: nn.Module, inputs: Sequence[torch.Tensor], width: str |
     if width is not None:
         opts["target"] = width
         if not width_runs(width):
-            return emit_module(module, inputs, width)
+            return emit_compiled(module, inputs, width, fullgraph)
     eager_in, kiln_in = clone_inputs(inputs), clone_inputs(inputs)
     with torch.no_grad():
         want = module(*eager_in)
@@ -68,6 +68,35 @@ def check_module(module: nn.Module, inputs: Sequence[torch.Tensor], width: str |
     assert_matches(got, want)
     assert_matches(kiln_in, eager_in, what="inputs after the call")
     return got
+
+
+def emit_compiled(module: nn.Module, inputs: Sequence[torch.Tensor], width: str, fullgraph: bool = True) -> list[bytes]:
+    """What torch.compile(backend="kiln") would build for `width`, lowered and emitted, the module then run eagerly:
+    dynamo's graphs traced as the backend traces them (AOTAutograd, so an in-place op on an input is a functional
+    output written back — torch.export refuses it), partitioned, each Kiln partition lowered to an object."""
+    from kiln.compiler import lower
+    from kiln.frontend.torch import AtenProgram
+    from kiln.target import resolve
+    from kiln.torch.dynamo import _frozen
+    from kiln.torch.partition import partition
+    from kiln.torch.trace import aot_core_aten
+
+    objs: list[bytes] = []
+
+    def lower_only(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        traced = aot_core_aten(gm, list(example_inputs), _frozen(example_inputs))
+        part = partition(traced.gm, None)
+        for name in part.kiln:
+            c = lower(AtenProgram(getattr(part.gm, name)), resolve(width), 2, {}, stop_after="object")
+            assert c.obj[:4] == b"\x7fELF", f"{width}: no ELF object emitted"
+            objs.append(c.obj)
+        return gm.forward
+
+    torch._dynamo.reset()  # dynamo's caches: a graph seen before would not reach this backend
+    with torch.no_grad():
+        torch.compile(module, backend=lower_only, fullgraph=fullgraph)(*clone_inputs(inputs))
+    assert objs, f"{width}: no Kiln partition lowered"
+    return objs
 
 
 def emit_module(module: nn.Module, inputs: Sequence[torch.Tensor], width: str) -> bytes:
