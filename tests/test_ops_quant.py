@@ -660,7 +660,7 @@ def test_nncf_qdq_convnet() -> None:
 
 def test_requantize_epilogue_drops_the_second_clamp() -> None:
     """kernel/simplify.py: the Quantize clamp after a ReLU6 folded into the quantized range is dropped; a clamp the
-    value can exceed is kept; a NaN still reaches the cast (the kept clamp passes it on)."""
+    value can exceed is kept (one side of it, where a zero point shifts the range)."""
     from kiln.kernel.ir import Cast, Const, Load, Un, maximum, minimum
     from kiln.kernel.simplify import drop_satisfied_clamps, float_range
 

@@ -43,8 +43,8 @@ I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType
 F32, F64 = ir.FloatType(), ir.DoubleType()
 PTR = ir.PointerType()
 
-# the integer types a rounding convert (Emitter.cast) produces through 32 bits: its value fits after the clamp before
-_LRINT_TO = ("int32", "int16", "uint16", "int8", "uint8")
+# the integer types a rounding convert (ExprEmitter.cast) produces through 32 bits (a clamp before it makes them fit)
+_LRINT_TO = ("int32", "int8", "uint8")
 SCALAR: dict[str, ir.Type] = {"float32": F32, "float64": F64, "int64": I64, "int32": I32, "int8": I8, "uint8": I8,
                               "bool": I1, "bfloat16": F32}
 # bool is one byte in memory, as in numpy; bfloat16 is the upper half of a float32 (values are float32 in registers:
@@ -628,7 +628,7 @@ class ExprEmitter:
 
     def cast(self, e: Cast) -> tuple[ir.Value, bool]:
         if self._rounding_convert(e):
-            x, vec = self.ev(e.a.a)  # type: ignore[attr-defined]
+            x, vec = self.ev(e.a.a)  # type: ignore[attr-defined]  (e.a is the round: _rounding_convert)
             i32 = ir.VectorType(ir.IntType(32), x.type.count) if vec else ir.IntType(32)
             lanes = f"v{x.type.count}" if vec else ""
             name = f"llvm.lrint.{lanes}i32.{lanes}f32"

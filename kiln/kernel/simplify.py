@@ -7,7 +7,8 @@ Quantize that follows clamps the rounded value to the same range again —
     u8(min(max(round(min(max(acc·s, 0), 255)), 0), 255))  →  u8(round(min(max(acc·s, 0), 255)))
 
 two of the ~10 vector operations per output vector of an epilogue that, at mobilenetv2's small K (16–96), costs
-about as much as the dot products. A NaN is unaffected: the kept clamp passes it on (codegen/exprs.py's constant
+about as much as the dot products. kernel/build.py applies it to bodies with an integer result (where such a
+clamp sits before the narrowing convert). A NaN is unaffected: the kept clamp passes it on (codegen/exprs.py's constant
 bounds propagate NaN), as the dropped one would have."""
 from __future__ import annotations
 
@@ -51,12 +52,21 @@ def float_range(e: Expr) -> Range:
 
 
 def drop_satisfied_clamps(e: Expr) -> Expr:
-    """e with every float max(x, c) / min(x, c) whose x is already ≥ c / ≤ c replaced by x."""
-    kids = children(e)
-    if kids:
-        e = rebuild(e, [drop_satisfied_clamps(k) for k in kids])
-    if isinstance(e, Bin) and e.op in ("max", "min") and is_float(e.dtype) and _c(e.b) is not None:
-        lo, hi = float_range(e.a)
-        if (e.op == "max" and lo >= _c(e.b)) or (e.op == "min" and hi <= _c(e.b)):
-            return e.a
-    return e
+    """e with every float max(x, c) / min(x, c) whose x is already ≥ c / ≤ c replaced by x; each shared subtree
+    visited once, an unchanged subtree kept as it is."""
+    done: dict[int, tuple[Expr, Expr]] = {}  # id → (node, its rewrite); the node kept so its id is not reused
+
+    def go(x: Expr) -> Expr:
+        hit = done.get(id(x))
+        if hit is not None:
+            return hit[1]
+        kids = children(x)
+        new = [go(k) for k in kids]
+        out = rebuild(x, new) if any(n is not k for n, k in zip(new, kids)) else x
+        if isinstance(out, Bin) and out.op in ("max", "min") and is_float(out.dtype) and _c(out.b) is not None:
+            lo, hi = float_range(out.a)
+            if (out.op == "max" and lo >= _c(out.b)) or (out.op == "min" and hi <= _c(out.b)):
+                out = out.a
+        done[id(x)] = (x, out)
+        return out
+    return go(e)
