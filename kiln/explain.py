@@ -6,7 +6,7 @@ from typing import Any
 
 import onnx
 
-from kiln.asm import CLASSES, function_asm, hot_loop, mix
+from kiln.asm import CLASSES, function_asm, hot_loop, mix, vector_spills
 from kiln.compiler import default_threads, lower
 from kiln.target import resolve
 
@@ -62,13 +62,14 @@ def compare_strategies(model: onnx.ModelProto, node: str | None, num_threads: in
             f"{len(loop)} instructions"
         parts.append(f"{RULE}\n== strategy {s} (built: {built})\n-- loop nest\n{k}\n-- hot loop: {where}\n"
                      + "\n".join("    " + i.text for i in loop[:60]) + ("\n    …" if len(loop) > 60 else ""))
-        rows.append((s, counts, len(loop)))
-    head = f"{'strategy':16s}" + "".join(f"{c:>14s}" for c in CLASSES) + f"{'FMA/load':>10s}"
+        rows.append((s, counts, vector_spills(loop)))
+    # spills: vector instructions on a stack slot — the tile asked for more registers than LLVM had (kiln/asm.py)
+    head = f"{'strategy':16s}" + "".join(f"{c:>14s}" for c in CLASSES) + f"{'FMA/load':>10s}{'spills':>8s}"
     lines = [head]
-    for s, counts, _ in rows:
+    for s, counts, spills in rows:
         loads = counts["vector load"] or 0
         ratio = f"{counts['vector FMA'] / loads:.2f}" if loads else "–"
-        lines.append(f"{s:16s}" + "".join(f"{counts[c]:14d}" for c in CLASSES) + f"{ratio:>10s}")
+        lines.append(f"{s:16s}" + "".join(f"{counts[c]:14d}" for c in CLASSES) + f"{ratio:>10s}{spills:8d}")
     parts.append(f"{RULE}\n== instruction mix of each hot loop (static, one iteration)\n" + "\n".join(lines))
     return "\n".join(parts)
 

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper
 import kiln
 from conftest import rand
 from kiln import autostrategy
-from kiln.asm import classify, hot_loop, mix, parse
+from kiln.asm import Insn, classify, hot_loop, mix, parse, vector_spills
 from kiln.bench.report import strategy_table
 from kiln.strategy import check_strategy
 
@@ -93,6 +93,8 @@ def test_explain_compares_strategies_with_an_instruction_mix() -> None:
     table = out.split("instruction mix of each hot loop")[1].splitlines()
     direct = next(line for line in table if line.startswith("direct"))
     assert int(direct.split()[1]) > 0  # the direct GEMM tile's hot loop is made of vector FMAs
+    head = next(line for line in table if line.startswith("strategy"))
+    assert head.split()[-1] == "spills" and direct.split()[-1] == "0"  # and fits the registers
 
 
 ASM = """\
@@ -125,6 +127,16 @@ def test_asm_hot_loop_and_classes() -> None:
     by = {i.text: classify(i) for i in insns}
     assert by["vmovups\t%zmm0, (%rdi)"] == "vector store"
     assert by["vaddss\t%xmm0, %xmm1, %xmm1"] == "scalar FP"
+
+
+def test_asm_vector_spills() -> None:
+    """kiln.asm.vector_spills counts a spill, a reload and a reload folded into an FMA — not a store to memory
+    elsewhere, a scalar stack access or a broadcast from the heap."""
+    spilled = [Insn("vmovups", "%zmm3, 400(%rsp)"), Insn("vmovups", "-112(%rsp), %zmm1"),
+               Insn("vfmadd231ps", "272(%rsp), %zmm19, %zmm17"), Insn("vmovups", "%zmm0, (%rdi)"),
+               Insn("movq", "-72(%rsp), %rsi"), Insn("vbroadcastss", "524(%r13,%rdx), %zmm20")]
+    assert vector_spills(spilled) == 3
+    assert vector_spills(hot_loop(ASM)) == 0
 
 
 def test_bench_strategy_table() -> None:
