@@ -52,6 +52,18 @@ def coef(e: Expr, v: Var) -> int | None:
     return None
 
 
+def box_corner(e: Expr, ranges: dict[Var, int], least: bool) -> Expr | None:
+    """e at the corner of the box `ranges` (loop variable → extent, each from 0) where it is least (or greatest):
+    an affine e's extremes are at corners. None where e is not affine in a box variable."""
+    corner: dict[Expr, Expr] = {}
+    for v, n in ranges.items():
+        c = coef(e, v)
+        if c is None:
+            return None
+        corner[v] = Const(0 if (c >= 0) == least else n - 1, "int64")
+    return substitute(e, corner)
+
+
 def flat_index(index: tuple[Expr, ...], shape: tuple[int, ...]) -> Expr:
     """Row-major linearization, folding away size-1 dims and zero indices. A single index into a buffer of
     higher rank is already linear (what `fuse_contiguous_axes` writes)."""

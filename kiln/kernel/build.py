@@ -309,17 +309,19 @@ def make_kernel(g: Group, prog: Program, name: str) -> Kernel:
     args = [x for x in used if x not in temps]
     scratch = [x for x in used if x in temps]
     canon = {x: f"b{i}" for i, x in enumerate(args + scratch)}
-    comps = [Compute(canon[c.out], c.axes, c.extents, _rename_loads(c.body, canon), c.store, c.hints)
+    comps = [Compute(canon[c.out], c.axes, c.extents, _final_body(_rename_loads(c.body, canon)), c.store, c.hints)
              for c in g.computes]
-    # a quantized output's body without the clamps it already satisfies (kernel/simplify.py: the int8 epilogue's
-    # second clamp); float bodies are left alone — resnet50's Winograd transforms took 0.13 s to walk for nothing
-    comps = [c if is_float(c.body.dtype) else Compute(c.out, c.axes, c.extents, drop_satisfied_clamps(c.body), c.store,
-                                                      c.hints) for c in comps]
     k = Kernel(name, [Buffer(canon[x], prog.buffers[x].dtype, prog.buffers[x].shape) for x in args],
                [Buffer(canon[x], prog.buffers[x].dtype, prog.buffers[x].shape) for x in scratch], comps)
     k.flops = _flops(g)
     prog.bindings.append(args + scratch)
     return k
+
+
+def _final_body(e: Expr) -> Expr:
+    """A quantized output's body without the clamps it already satisfies (kernel/simplify.py: the int8 epilogue's
+    second clamp); float bodies are left alone — resnet50's Winograd transforms took 0.13 s to walk for nothing."""
+    return e if is_float(e.dtype) else drop_satisfied_clamps(e)
 
 
 def _flops(g: Group) -> float:

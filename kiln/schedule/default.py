@@ -32,8 +32,7 @@ from kiln.kernel.ir import (
 from kiln.schedule.amx import schedule_amx
 from kiln.schedule.bf16 import bf16_form, schedule_dpbf16
 from kiln.schedule.config import Config, Decisions, powers_of_two
-from kiln.schedule.dot_ukernel import plan as plan_dot_ukernel
-from kiln.schedule.dot_ukernel import schedule_dot_ukernel
+from kiln.schedule.dot_ukernel import chosen_dot_ukernel
 from kiln.schedule.guards import interior_swap
 from kiln.schedule.primitives import compute_to_loops, fuse, parallel, rename, split, vectorize
 from kiln.schedule.reorder import schedule_reorder
@@ -75,16 +74,12 @@ def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: i
             k.precision[node] = "amx"
             k.strategies.setdefault(node, str(c.hints.get("strategy", "direct")))
             return nest
-        why, strategy = "", str(c.hints.get("strategy", "direct"))
-        if strategy in ("direct", "ukernel"):  # the bf16 microkernels (dot_ukernel.py)
-            ukr, why = plan_dot_ukernel(k, c, bf16_form(c), target)
-            if strategy == "direct" and ukr is not None:
-                strategy = str(dec.knob("strategy", "direct", ("direct", "ukernel")))  # the tuner may pick it
-            if strategy == "ukernel" and ukr is not None:
-                k.precision[node] = "bfmmla" if target.arch == "aarch64" else "avx512bf16"
-                k.strategies[node] = "ukernel"
-                return schedule_dot_ukernel(k, ukr, tag, target, threads if options.get("parallel", True) else 1, dec)
-            why = why if strategy == "ukernel" else ""
+        nest, why = chosen_dot_ukernel(k, c, bf16_form(c), str(c.hints.get("strategy", "direct")), tag, target,
+                                       threads if options.get("parallel", True) else 1, dec)  # bf16 microkernels
+        if nest is not None:
+            k.precision[node] = "bfmmla" if target.arch == "aarch64" else "avx512bf16"
+            k.strategies[node] = "ukernel"
+            return nest
         nest = schedule_dpbf16(k, c, tag, target, threads, options, dec)  # else vdpbf16ps / bfdot where it has it
         if nest is not None:
             k.precision[node] = "bfdot" if target.arch == "aarch64" else "avx512bf16"

@@ -116,6 +116,20 @@ def plan(k: Kernel, c: Compute, form: DotForm | None, target: Target) -> tuple[P
                 "float32" if g == 2 else "int32"), ""
 
 
+def chosen_dot_ukernel(k: Kernel, c: Compute, form: DotForm | None, strategy: str, tag: str, target: Target,
+                       threads: int, dec: Decisions | None = None) -> tuple[list[Stmt] | None, str]:
+    """An integer or bf16 anchor's microkernel nest under `ukernel` — and under `direct` where the tuner's knob
+    `strategy` picks it —, else (None, why a requested microkernel does not apply, or "")."""
+    if strategy not in ("direct", "ukernel"):
+        return None, ""
+    ukr, why = plan(k, c, form, target)
+    if ukr is not None and strategy == "direct":
+        strategy = str((dec if dec is not None else Decisions()).knob("strategy", "direct", ("direct", "ukernel")))
+    if ukr is not None and strategy == "ukernel":
+        return schedule_dot_ukernel(k, ukr, tag, target, threads, dec), ""
+    return None, why if strategy == "ukernel" else ""
+
+
 def schedule_dot_ukernel(k: Kernel, p: Plan, tag: str, target: Target, threads: int,
                          dec: Decisions | None = None) -> list[Stmt]:
     """The microkernel nest of an integer or bf16 anchor from its plan (`plan`). Knob: `ukr_mr`, the kernel's rows

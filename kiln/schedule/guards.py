@@ -14,7 +14,7 @@ test per tile on the tile's own coordinates, and there each select is its plain 
 A depthwise 3×3 conv on 56×56 with 4-pixel row tiles: 12 of every 14 tiles on 54 of 56 rows are interior."""
 from __future__ import annotations
 
-from kiln.kernel.analysis import coef, unclamped_index
+from kiln.kernel.analysis import box_corner, unclamped_index
 from kiln.kernel.ir import Bin, Const, Expr, Load, Select, Var, substitute, uses_var, walk
 
 
@@ -29,15 +29,10 @@ def _corner_test(test: Expr, ranges: dict[Var, int]) -> Expr | None:
     variables; None when i is not affine in the box's variables."""
     if not (isinstance(test, Bin) and test.op in (">=", "<") and isinstance(test.b, Const)):
         return None
-    e = test.a
-    corner: dict[Expr, Expr] = {}
-    for v, n in ranges.items():
-        c = coef(e, v)
-        if c is None:
-            return None
-        low = c >= 0 if test.op == ">=" else c < 0  # the corner where i is least (≥) or greatest (<)
-        corner[v] = Const(0 if low else n - 1, "int64")
-    out = Bin(test.op, substitute(e, corner), test.b)
+    at = box_corner(test.a, ranges, least=test.op == ">=")  # the corner where i is least (≥) or greatest (<)
+    if at is None:
+        return None
+    out = Bin(test.op, at, test.b)
     return None if any(uses_var(out, v) for v in ranges) else out
 
 

@@ -57,7 +57,7 @@ from kiln.kernel.ir import (
 from kiln.schedule.amx import schedule_amx
 from kiln.schedule.config import Decisions
 from kiln.schedule.dot_form import DotForm, int8_form
-from kiln.schedule.dot_ukernel import plan, schedule_dot_ukernel
+from kiln.schedule.dot_ukernel import chosen_dot_ukernel
 from kiln.schedule.tile import flatten_rows, pick_mr, rename_tile, simplify_panels, substitute_all
 from kiln.target import Target
 
@@ -104,14 +104,11 @@ def schedule_int8(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
         k.strategies.setdefault(node, strategy)
         return nest
     why = ""
-    if strategy in ("direct", "ukernel"):
-        ukr, why = plan(k, c, form, target)
-        if strategy == "direct" and ukr is not None:  # the tuner may pick the microkernel
-            strategy = str(dec.knob("strategy", "direct", ("direct", "ukernel")))
-        if strategy == "ukernel" and ukr is not None:
+    if strategy in ("direct", "ukernel"):  # under direct the tuner may pick the microkernel
+        nest, why = chosen_dot_ukernel(k, c, form, strategy, tag, target, threads, dec)
+        if nest is not None:
             k.strategies[node] = "ukernel"
-            return schedule_dot_ukernel(k, ukr, tag, target, threads, dec)
-        why = why if strategy == "ukernel" else ""
+            return nest
     elif strategy.startswith("library"):  # (an anchor whose library has an integer GEMM never gets here)
         why = (f"no integer GEMM for {form.a.dtype} activations in {strategy} (library:onednn has u8 and "
                "s8, library:mkl u8)")

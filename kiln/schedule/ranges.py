@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kiln.kernel.analysis import coef
-from kiln.kernel.ir import Bin, Const, Expr, Select, Var, children, rebuild, substitute, uses_var, value_at
+from kiln.kernel.analysis import box_corner
+from kiln.kernel.ir import Bin, Const, Expr, Select, Var, children, rebuild, uses_var, value_at
 
 TRUE, FALSE = Const(True, "bool"), Const(False, "bool")
 
@@ -23,16 +23,10 @@ def affine_bounds(e: Expr, ranges: dict[Var, int]) -> tuple[int, int] | None:
     constant coefficients, or holds anything else that varies (another loop variable, a load)."""
     if not e.dtype.startswith(("int", "uint")):
         return None
-    coefs = {v: coef(e, v) for v in ranges}
-    if any(c is None for c in coefs.values()):
-        return None
-    lo = value_at(substitute(e, {v: Const(0 if c >= 0 else n - 1, "int64") for v, c, n in _each(coefs, ranges)}), {})
-    hi = value_at(substitute(e, {v: Const(n - 1 if c >= 0 else 0, "int64") for v, c, n in _each(coefs, ranges)}), {})
+    least, greatest = box_corner(e, ranges, least=True), box_corner(e, ranges, least=False)
+    lo = None if least is None else value_at(least, {})
+    hi = None if greatest is None else value_at(greatest, {})
     return None if lo is None or hi is None else (lo, hi)
-
-
-def _each(coefs: dict[Var, int | None], ranges: dict[Var, int]) -> list[tuple[Var, int, int]]:
-    return [(v, int(c or 0), ranges[v]) for v, c in coefs.items()]
 
 
 def _const(e: Expr) -> int | None:
