@@ -219,6 +219,25 @@ def _copy(k: Kernel, op: Operand, deps: list[Axis], rows: list[Axis], cols: list
     return Operand(name, vs, strides)
 
 
+def _matrix(k: Kernel, op: Operand, batch: list[Axis], rows: list[Axis], cols: list[Axis], name: str,
+            pre: list[Compute], dtype: str = "float32") -> tuple[Operand, tuple[bool, int]]:
+    """The operand as a strided matrix for the call ((transposed?, leading dimension)), copied first (`_copy`)
+    where it is none (an expression, a conv's input)."""
+    fit = as_matrix(rows, cols, op.strides) if op.expr is None else None
+    if fit is None:
+        op = _copy(k, op, [ax for ax in batch if op.strides[ax[0]]], rows, cols, name, pre, dtype)
+        fit = as_matrix(rows, cols, op.strides)
+    assert fit is not None, "a contiguous copy always fits"
+    return op, fit
+
+
+def _scheduled(k: Kernel, comps: list[Compute], tag: str, target: Target, threads: int,
+               options: dict[str, bool]) -> list[Stmt]:
+    """The copies before a call, or the epilogue passes after it, scheduled as any compute (tags tag0, tag1, …)."""
+    from kiln.schedule.default import schedule_compute
+    return [s for i, p in enumerate(comps) for s in schedule_compute(k, p, f"{tag}{i}", target, threads, options)]
+
+
 def _at_origin(op: Operand, zero: list[Axis]) -> Addr:
     """Pointer to the operand's element at M = N = K = 0 (batch axes are the enclosing loops' variables)."""
     z = {v: ZERO for v, _ in zero}
@@ -229,7 +248,6 @@ def schedule_library(k: Kernel, c: Compute, tag: str, target: Target, threads: i
                      strategy: str) -> list[Stmt] | None:
     """The call sequence of the anchor `c` on the library `strategy` names, or None (→ direct) where no
     library call builds it. Raises kiln.library.LibraryUnavailable when that library is not installed."""
-    from kiln.schedule.default import schedule_compute
 
     name = library_of(strategy)
     lib = require(name)
@@ -244,15 +262,8 @@ def schedule_library(k: Kernel, c: Compute, tag: str, target: Target, threads: i
         return None
 
     pre: list[Compute] = []
-    a, b = g.a, g.b
-    fa = as_matrix(g.m, g.k, a.strides) if a.expr is None else None
-    if fa is None:
-        a = _copy(k, a, [ax for ax in g.batch if a.strides[ax[0]]], g.m, g.k, f"{c.out}_a{tag}", pre)
-        fa = as_matrix(g.m, g.k, a.strides)
-    fb = as_matrix(g.k, g.n, b.strides) if b.expr is None else None
-    if fb is None:
-        b = _copy(k, b, [ax for ax in g.batch if b.strides[ax[0]]], g.k, g.n, f"{c.out}_b{tag}", pre)
-        fb = as_matrix(g.k, g.n, b.strides)
+    a, fa = _matrix(k, g.a, g.batch, g.m, g.k, f"{c.out}_a{tag}", pre)
+    b, fb = _matrix(k, g.b, g.batch, g.k, g.n, f"{c.out}_b{tag}", pre)
     post: list[Compute] = []
     out = g.c
     if out is None:  # the raw product into scratch, then the epilogue as its own elementwise pass
@@ -266,19 +277,14 @@ def schedule_library(k: Kernel, c: Compute, tag: str, target: Target, threads: i
         ldc = max(_size(g.n), 1)
     else:
         ldc = as_matrix(g.m, g.n, out.strides)[1]
-    assert fa is not None and fb is not None, "a contiguous copy always fits"
     nest = _calls(lib, g, a, b, out, fa, fb, ldc, f"{c.out}{tag}",
                   threads if options.get("parallel", True) and not getattr(lib, "THREADED", True) else 1)
     call = next(s for s in _flat(nest) if isinstance(s, Call))
     if call.fn not in k.symbols:
         k.symbols.append(call.fn)
     k.strategies[node] = f"library:{name}"
-    body: list[Stmt] = []
-    for i, p in enumerate(pre):
-        body += schedule_compute(k, p, f"{tag}l{i}", target, threads, options)
-    body += nest
-    for i, p in enumerate(post):
-        body += schedule_compute(k, p, f"{tag}e{i}", target, threads, options)
+    body = [*_scheduled(k, pre, f"{tag}l", target, threads, options), *nest,
+            *_scheduled(k, post, f"{tag}e", target, threads, options)]
     log.debug("node %s: library:%s, %d call(s) of sgemm M=%d N=%d K=%d, %d copy-in, epilogue %s", node, name,
               _size(g.batch), _size(g.m), _size(g.n), _size(g.k), len(pre), "separate" if post else "none")
     return body
@@ -291,7 +297,6 @@ def _integer(k: Kernel, c: Compute, g: Gemm, lib: object, name: str, dtypes: tup
     as the transposed product outᵀ[p, co] = colᵀ · Wᵀ (im2col written as colᵀ, W read through the transpose flag);
     operands that are no strided matrix (a conv's input) copied first, 8-bit. One call per batch item into int32
     scratch (the library threads it), then the epilogue (requantization) as its own pass over C."""
-    from kiln.schedule.default import schedule_compute
 
     a, b, m, n = g.a, g.b, g.m, g.n
     dt = {op.buf: (k.buffer(op.buf).dtype if op.buf else "") for op in (a, b)}
@@ -301,17 +306,8 @@ def _integer(k: Kernel, c: Compute, g: Gemm, lib: object, name: str, dtypes: tup
     elif dtypes[1] != "int8" or dt[a.buf] != dtypes[0] or dt[b.buf] != "int8":
         raise NotApplicable("the integer GEMM takes the activation (u8/s8) as A and the s8 weights as B")
     pre: list[Compute] = []
-
-    def matrix(op: Operand, rows: list[Axis], cols: list[Axis], what: str) -> tuple[Operand, tuple[bool, int]]:
-        fit = as_matrix(rows, cols, op.strides) if op.expr is None else None
-        if fit is None:
-            op = _copy(k, op, [ax for ax in g.batch if op.strides[ax[0]]], rows, cols, f"{c.out}_{what}{tag}", pre,
-                       dt[op.buf])
-            fit = as_matrix(rows, cols, op.strides)
-        assert fit is not None, "a contiguous copy always fits"
-        return op, fit
-    a, fa = matrix(a, m, g.k, "a")
-    b, fb = matrix(b, g.k, n, "b")
+    a, fa = _matrix(k, a, g.batch, m, g.k, f"{c.out}_a{tag}", pre, dt[a.buf])
+    b, fb = _matrix(k, b, g.batch, g.k, n, f"{c.out}_b{tag}", pre, dt[b.buf])
     axes = g.batch + m + n
     acc = Buffer(f"{c.out}_c{tag}", "int32", tuple(e for _, e in axes))
     co = Buffer(f"{c.out}_co{tag}", "int32", (1,))
@@ -331,11 +327,8 @@ def _integer(k: Kernel, c: Compute, g: Gemm, lib: object, name: str, dtypes: tup
     k.strategies[c.hints.get("node", c.out)] = f"library:{name}"
     epilogue = Compute(c.out, c.axes, c.extents, substitute(c.body, {g.reduce: Load(acc.name, index, "int32")}),
                        c.store)
-    body: list[Stmt] = []
-    for i, p in enumerate(pre):
-        body += schedule_compute(k, p, f"{tag}l{i}", target, threads, options)
-    return [*body, Store(co.name, (ZERO,), Const(0, "int32")), *nest,
-            *schedule_compute(k, epilogue, f"{tag}e0", target, threads, options)]
+    return [*_scheduled(k, pre, f"{tag}l", target, threads, options), Store(co.name, (ZERO,), Const(0, "int32")),
+            *nest, *_scheduled(k, [epilogue], f"{tag}e", target, threads, options)]
 
 
 def _flat(stmts: list[Stmt]) -> list[Stmt]:
