@@ -12,7 +12,7 @@ import pytest
 
 from conftest import C, check, make_model, op_model, rand
 from kiln.compiler import lower
-from kiln.schedule.tile import choose_tile
+from kiln.schedule.tile_shape import choose_tile
 from kiln.target import Target, resolve
 
 TOL = 1e-4

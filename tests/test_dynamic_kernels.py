@@ -403,7 +403,7 @@ def long_rows_model(k: int = 1024, n: int = 40) -> onnx.ModelProto:
 def run_time_tails(width: str) -> list[int]:
     """A packed GEMM's tail heights over run-time rows at `width`: TAIL_ROWS below its full tile's rows."""
     from kiln.schedule.default import TAIL_ROWS
-    from kiln.schedule.tile import RUN_TIME_MR
+    from kiln.schedule.tile_shape import RUN_TIME_MR
     from kiln.target import resolve
     t = resolve(width)
     nvec = 2  # the packed panels are two vectors wide

@@ -7,20 +7,10 @@ from __future__ import annotations
 
 from llvmlite import ir
 
+from kiln.codegen.access import I32, I64, MEMORY, PTR, SCALAR, elem_bytes, prefix_store
 from kiln.codegen.bounds import BoundsChecker
-from kiln.codegen.exprs import (
-    I32,
-    I64,
-    MEMORY,
-    PTR,
-    SCALAR,
-    ExprEmitter,
-    VectorCtx,
-    elem_bytes,
-    is_float,
-    prefix_store,
-    vector_constant,
-)
+from kiln.codegen.constants import vector_constant
+from kiln.codegen.exprs import ExprEmitter, VectorCtx
 from kiln.codegen.loops import emit_loop, entry_alloca
 from kiln.codegen.scalable import ScalableExprEmitter, loop_is_scalable, reduce_is_scalable
 from kiln.codegen.scalable import emit_vector_loop as emit_scalable_loop
@@ -46,6 +36,7 @@ from kiln.kernel.ir import (
     Store,
     hint,
     init_value,
+    is_float,
 )
 from kiln.target import Target, features_on
 

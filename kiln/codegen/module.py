@@ -18,8 +18,9 @@ from collections.abc import Iterator
 
 from llvmlite import ir
 
+from kiln.codegen.access import I32, I64, PTR
 from kiln.codegen.bounds import declare_bounds_runtime, set_current_kernel
-from kiln.codegen.exprs import DIMS_ACCESSOR, DIMS_GLOBAL, I32, I64, PTR, declare_dims, dims_value
+from kiln.codegen.dims import DIMS_ACCESSOR, DIMS_GLOBAL, declare_dims, dims_value
 from kiln.codegen.kernel import NTHREADS_GLOBAL, PARALLEL_GLOBAL, KernelEmitter, declare_runtime
 from kiln.codegen.loops import emit_loop
 from kiln.kernel.build import Program

@@ -48,7 +48,8 @@ from typing import TYPE_CHECKING
 
 from llvmlite import ir
 
-from kiln.codegen.exprs import I1, I32, I64, MEMORY, PTR, SCALAR, ExprEmitter, VectorCtx
+from kiln.codegen.access import I1, I32, I64, MEMORY, PTR, SCALAR
+from kiln.codegen.exprs import ExprEmitter, VectorCtx
 from kiln.codegen.loops import NestEmitter, emit_loop
 from kiln.kernel.analysis import coef
 from kiln.kernel.ir import (

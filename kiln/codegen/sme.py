@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 from llvmlite import ir
 
-from kiln.codegen.exprs import F32, I1, I32, I64, PTR
+from kiln.codegen.access import F32, I1, I32, I64, PTR
 from kiln.codegen.loops import NestEmitter
 from kiln.codegen.scalable import ScalableCtx, ScalableExprEmitter, ScalableVectorType, _retyping, strip_mined
 from kiln.kernel.analysis import coef, flat_index

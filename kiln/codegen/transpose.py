@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from kiln.codegen.exprs import I32, I64, MEMORY, PTR, ExprEmitter, elem_bytes, prefix_store
+from kiln.codegen.access import I32, I64, MEMORY, PTR, elem_bytes, prefix_store
+from kiln.codegen.exprs import ExprEmitter
 from kiln.kernel.analysis import coef, flat_index
 from kiln.kernel.ir import Bin, Const, Expr, If, Load, Loop, Store, uses_var, walk
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+import kiln.kernel.lower_indexing  # noqa: F401  (registers the indexing ops' lowerings)
 import kiln.kernel.lower_packed  # noqa: F401  (registers the PackedMatMul / PackedConv lowerings)
 import kiln.kernel.lower_quant  # noqa: F401  (registers the quantized ops' lowerings)
 import kiln.kernel.lower_winograd  # noqa: F401  (registers the Winograd stages' lowerings)

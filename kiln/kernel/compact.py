@@ -69,7 +69,7 @@ def _rewrite(c: Compute, local: dict[str, Expr]) -> Compute:
     store, hints = c.store, c.hints
     if c.out in local:
         store = _index(c.store_index, local[c.out])
-        if c.store is None:  # the axes, merged: a register tile may still store it (schedule/tile.py: choose_tile)
+        if c.store is None:  # the axes, merged: a register tile may still store it (tile_shape.choose_tile)
             hints = {**hints, "compact_store": True}
     if store is not None:
         store = tuple(loads(e) for e in store)

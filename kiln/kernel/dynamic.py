@@ -29,6 +29,7 @@ from kiln.kernel.lower import Lowered, axes_for
 
 # Ops whose lowering uses a dim's VALUE (not only its extent) when the dim is reduced/indexed: refused on a
 # symbolic axis (their attrs name the axes): op → attribute holding the axis/axes
+MAX_DIMS = 64  # symbolic dims per module: the size of the i64 array the kernels read them from (codegen/dims.py)
 _VALUE_OF_DIM = {"ArgReduce": "axis", "CumSum": "axis", "TopKIndex": "axis", "ReverseSequence": "axis"}
 
 
@@ -61,7 +62,6 @@ class DynamicDims:
         missing = [s for s in names if s not in bounds]
         if missing:
             raise ModelError(f"symbolic dims {missing} have no bounds (graph.bounds)")
-        from kiln.codegen.exprs import MAX_DIMS
         if len(names) > MAX_DIMS:
             raise ModelError(f"{len(names)} symbolic dims; a module holds at most {MAX_DIMS}")
         dims = DynamicDims(bounds, shapes, {s: i for i, s in enumerate(names)})

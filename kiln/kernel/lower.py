@@ -1,11 +1,12 @@
 """Graph node → compute definitions (the TE-style description of what each op computes).
 
 One lowering function per core op in `LOWERINGS`; elementwise ops are one expression each in
-`UNARY`/`BINARY` (rewrite rules as data). Buffers are named after graph values; temporaries get
-`<out>.t<i>`. Reshape-like ops produce no compute: they are views (see kernel/build.py)."""
+`UNARY`/`BINARY` (rewrite rules as data, kernel/elementwise.py); the indexing ops, packed anchors, quantized ops
+and Winograd stages register theirs from kernel/lower_indexing.py, lower_packed.py, lower_quant.py, lower_winograd.py.
+Buffers are named after graph values; temporaries get `<out>.t<i>`. Reshape-like ops produce no compute:
+they are views (see kernel/build.py)."""
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -13,6 +14,7 @@ import numpy as np
 
 from kiln.errors import UnsupportedOperator
 from kiln.graph.ir import Node, Value
+from kiln.kernel.elementwise import BINARY, UNARY, cast, f, mod
 from kiln.kernel.ir import (
     Bin,
     Buffer,
@@ -26,7 +28,6 @@ from kiln.kernel.ir import (
     Un,
     Var,
     cmp,
-    const_like,
     maximum,
     minimum,
 )
@@ -57,202 +58,6 @@ def bcast_index(shape: tuple[int, ...], axes: tuple[Expr, ...]) -> tuple[Expr, .
 
 def clamp(e: Expr, lo: int, hi: int) -> Expr:
     return minimum(maximum(e, lo), hi)
-
-
-def f(v: float, like: Expr) -> Const:
-    return const_like(v, like)
-
-
-# -- elementwise rules: core op → expression builder --------------------------------------------------------
-def _log1p(y: Expr) -> Expr:
-    """log(1 + y), accurate for tiny y too: log(u)·y/(u − 1) with u = 1 + y rounded (Goldberg's trick)."""
-    u = y + 1.0
-    return Select(cmp("==", u, 1.0), y, Un("log", u) * (y / (u - 1.0)))
-
-
-def _softplus(x: Expr) -> Expr:
-    return Select(cmp(">", x, 20.0), x, _log1p(Un("exp", x)))
-
-
-UNARY: dict[str, Callable[[Expr, dict], Expr]] = {
-    "Relu": lambda x, a: maximum(x, f(0, x)),
-    "Sigmoid": lambda x, a: Un("sigmoid", x),
-    "Tanh": lambda x, a: Un("tanh", x), "Exp": lambda x, a: Un("exp", x), "Log": lambda x, a: Un("log", x),
-    "Sqrt": lambda x, a: Un("sqrt", x), "Neg": lambda x, a: Un("neg", x), "Abs": lambda x, a: Un("abs", x),
-    "Erf": lambda x, a: Un("erf", x), "Reciprocal": lambda x, a: f(1, x) / x,
-    "Floor": lambda x, a: Un("floor", x), "Ceil": lambda x, a: Un("ceil", x),
-    "Round": lambda x, a: Un("round", x), "Not": lambda x, a: Un("not", x), "Identity": lambda x, a: x,
-    "Sin": lambda x, a: Un("sin", x), "Cos": lambda x, a: Un("cos", x),
-    "Softplus": lambda x, a: _softplus(x),
-    "Sign": lambda x, a: Select(cmp(">", x, 0), f(1, x), Select(cmp("<", x, 0), f(-1, x), f(0, x))),
-    "Clip": lambda x, a: _clip(x, a["min"], a["max"]),
-    "LeakyRelu": lambda x, a: Select(cmp(">=", x, 0.0), x, x * a["alpha"]),
-    "Elu": lambda x, a: Select(cmp(">=", x, 0.0), x, (Un("exp", x) - 1.0) * a["alpha"]),
-    "Celu": lambda x, a: Select(cmp(">=", x, 0.0), x, (Un("exp", x * (1 / a["alpha"])) - 1.0) * a["alpha"]),
-    "ThresholdedRelu": lambda x, a: Select(cmp(">", x, a["alpha"]), x, f(0, x)),
-    "HardSigmoid": lambda x, a: _clip(x * a["alpha"] + a["beta"], 0.0, 1.0),
-    "HardSwish": lambda x, a: x * _clip(x * (1 / 6) + 0.5, 0.0, 1.0),
-    "Mish": lambda x, a: x * Un("tanh", _softplus(x)),
-    "Selu": lambda x, a: Select(cmp(">", x, 0.0), x * a["gamma"],
-                                (Un("exp", x) - 1.0) * (a["alpha"] * a["gamma"])),
-    "Gelu": lambda x, a: x * 0.5 * (_gelu_inner(x, a["approximate"]) + 1.0),
-    "Cast": lambda x, a: _cast(x, a["to"]),
-    "RoundFloat16": lambda x, a: _round_float16(x),
-    "Tan": lambda x, a: Un("sin", x) / Un("cos", x),
-    "Sinh": lambda x, a: _sinh(x), "Cosh": lambda x, a: (Un("exp", x) + Un("exp", Un("neg", x))) * 0.5,
-    "Atan": lambda x, a: _atan(x),
-    "Asin": lambda x, a: _atan(x / Un("sqrt", (f(1.0, x) - x) * (x + 1.0))),
-    "Acos": lambda x, a: _atan(Un("sqrt", (f(1.0, x) - x) / (x + 1.0))) * 2.0,
-    "Asinh": lambda x, a: _copysign(_log1p(Un("abs", x) + x * x / (Un("sqrt", x * x + 1.0) + 1.0)), x),
-    "Acosh": lambda x, a: Un("log", x + Un("sqrt", (x - 1.0) * (x + 1.0))),
-    "Atanh": lambda x, a: _log1p(x * 2.0 / (f(1.0, x) - x)) * 0.5,
-    "Softsign": lambda x, a: x / (Un("abs", x) + 1.0),
-    "Swish": lambda x, a: x * Un("sigmoid", x * a["alpha"]),
-    "Shrink": lambda x, a: Select(cmp("<", x, -a["lambd"]), x + a["bias"],
-                                  Select(cmp(">", x, a["lambd"]), x - a["bias"], f(0, x))),
-    "IsNaN": lambda x, a: cmp("!=", x, x),
-    "IsInf": lambda x, a: _isinf(x, a["positive"], a["negative"]),
-}
-
-
-def _copysign(mag: Expr, like: Expr) -> Expr:
-    return Select(cmp("<", like, 0.0), Un("neg", mag), mag)
-
-
-def _sinh(x: Expr) -> Expr:
-    """(eˣ − e⁻ˣ)/2, and its Taylor series near 0, where the difference cancels."""
-    x2 = x * x
-    small = x + x * x2 * (f(1 / 6, x) + x2 * (1 / 120))
-    return Select(cmp("<", Un("abs", x), 0.1), small, (Un("exp", x) - Un("exp", Un("neg", x))) * 0.5)
-
-
-def _atan(x: Expr) -> Expr:
-    """Cephes' atanf: reduce to |t| ≤ tan(π/8) with π/2 − atan(1/x) and π/4 + atan((x−1)/(x+1)), then a
-    degree-9 odd polynomial (≈ 1 ulp)."""
-    a = Un("abs", x)
-    big, mid = cmp(">", a, 2.414213562373095), cmp(">", a, 0.4142135623730950)
-    t = Select(big, f(-1.0, a) / a, Select(mid, (a - 1.0) / (a + 1.0), a))
-    base = Select(big, f(math.pi / 2, a), Select(mid, f(math.pi / 4, a), f(0.0, a)))
-    z = t * t
-    p = (((z * 8.05374449538e-2 - 1.38776856032e-1) * z + 1.99777106478e-1) * z - 3.33329491539e-1) * z * t + t
-    return _copysign(base + p, x)
-
-
-def _isinf(x: Expr, positive: int, negative: int) -> Expr:
-    pos, neg = cmp("==", x, math.inf), cmp("==", x, -math.inf)
-    if positive and negative:
-        return Bin("or", pos, neg)
-    return pos if positive else neg if negative else Bin("and", pos, neg)  # neither: all false
-
-
-def _round_float16(x: Expr) -> Expr:
-    """x rounded to the nearest float16 value, in float32 arithmetic (IEEE, no fast-math): Veltkamp's split
-    keeps 11 significant bits; below 2^-14 (half subnormals) adding and removing 0.75 rounds to a multiple of
-    2^-24; beyond the largest half (65504) it overflows to ±inf."""
-    c = x * 8193.0                      # 2^13 + 1
-    normal = c - (c - x)
-    tiny = (x + 0.75) - 0.75
-    tiny = Select(cmp("==", tiny, 0.0), x * 0.0, tiny)  # a zero keeps x's sign
-    r = Select(cmp("<", Un("abs", x), 2.0 ** -14), tiny, normal)
-    big = Select(cmp(">", x, 0.0), f(math.inf, x), Select(cmp("<", x, 0.0), f(-math.inf, x), x))  # NaN stays
-    return Select(cmp("<", Un("abs", x), 65520.0), r, big)
-
-
-def _gelu_inner(x: Expr, approximate: str) -> Expr:
-    if approximate == "none":
-        return Un("erf", x * (1 / math.sqrt(2)))
-    return Un("tanh", (x + x * x * x * 0.044715) * math.sqrt(2 / math.pi))
-
-
-def _clip(x: Expr, lo: float, hi: float) -> Expr:
-    if x.dtype.startswith(("int", "uint")):
-        lo, hi = max(lo, np.iinfo(x.dtype).min), min(hi, np.iinfo(x.dtype).max)
-    y = maximum(x, f(lo, x)) if lo > -math.inf else x
-    return minimum(y, f(hi, x)) if hi < math.inf else y
-
-
-def _cast(x: Expr, to: str) -> Expr:
-    if to == x.dtype:
-        return x
-    if to == "bool":
-        return cmp("!=", x, f(0, x))
-    return Cast(to, x)
-
-
-BINARY: dict[str, Callable[[Expr, Expr], Expr]] = {
-    "Add": lambda a, b: a + b, "Sub": lambda a, b: a - b, "Mul": lambda a, b: a * b,
-    "Div": lambda a, b: a / b, "Pow": lambda a, b: _pow(a, b), "Max": maximum, "Min": minimum,
-    "PRelu": lambda a, b: Select(cmp(">=", a, 0.0), a, a * b),
-    "Equal": lambda a, b: cmp("==", a, b), "Less": lambda a, b: cmp("<", a, b),
-    "Greater": lambda a, b: cmp(">", a, b), "LessOrEqual": lambda a, b: cmp("<=", a, b),
-    "GreaterOrEqual": lambda a, b: cmp(">=", a, b), "And": lambda a, b: Bin("and", a, b),
-    "Or": lambda a, b: Bin("or", a, b), "Xor": lambda a, b: Bin("xor", a, b),
-    "BitAnd": lambda a, b: Bin("and", a, b), "BitOr": lambda a, b: Bin("or", a, b),
-    "BitXor": lambda a, b: Bin("xor", a, b),
-}
-
-def _pow(a: Expr, b: Expr) -> Expr:
-    if a.dtype.startswith(("int", "uint")):  # integer powers go through double, as onnxruntime's do
-        return Cast(a.dtype, Bin("pow", Cast("float64", a), _cast(b, "float64")))
-    if isinstance(b, Const) and np.isfinite(float(b.value)):
-        return _pow_const(a, float(b.value))
-    return Bin("pow", a, _cast(b, a.dtype))
-
-
-MAX_POW_MULTIPLIES = 64  # |n| up to this: x^n by squaring (≤ 2·log2(n) multiplies, error ≈ their count in ulp)
-
-
-def _int_pow(x: Expr, n: int) -> Expr:
-    """x^n, n ≥ 1, by repeated squaring (x·x·x for n = 3)."""
-    out: Expr | None = None
-    sq = x
-    while n:
-        if n & 1:
-            out = sq if out is None else out * sq
-        n >>= 1
-        if n:
-            sq = sq * sq
-    assert out is not None
-    return out
-
-
-def _pow_const(x: Expr, e: float) -> Expr:
-    """pow(x, e) for a constant e without a per-lane libm call (llvm.pow.v16f32 is sixteen scalar powf calls):
-    integer e → multiplies, half-integer e → multiplies and one sqrt, a reciprocal for negative e; any other e →
-    exp(e·log|x|) on the vector exp/log (codegen/mathfn.py). C's pow at ±0 and ±inf kept exact."""
-    zero, inf, one = f(0.0, x), f(math.inf, x), f(1.0, x)
-    n2 = 2 * e
-    if n2 == int(n2) and abs(e) <= MAX_POW_MULTIPLIES:
-        whole, half = divmod(abs(int(n2)), 2)
-        if whole == 0 and half == 0:
-            return one                                   # pow(x, 0) = 1, even for NaN
-        parts = ([_int_pow(x, whole)] if whole else []) + ([Un("sqrt", x)] if half else [])
-        mag = parts[0] if len(parts) == 1 else parts[0] * parts[1]
-        r = one / mag if e < 0 else mag
-        if not half:
-            return r
-        r = Select(cmp("==", x, zero), zero if e > 0 else inf, r)    # pow(−0, k/2) = +0 (√−0 = −0)
-        return Select(cmp("==", x, -inf), zero if e < 0 else inf, r)  # √−inf is NaN, pow(−inf, k/2) is not
-    odd = e == int(e) and int(e) % 2 == 1
-    r = Un("exp", Un("log", Un("abs", x) if e == int(e) else x) * e)  # x < 0 (non-integer e), NaN → NaN
-    if odd:
-        r = Select(cmp("<", x, zero), -r, r)
-    big = inf if e > 0 else zero                         # pow at |x| = inf, and the overflow side
-    r = Select(cmp("==", Un("abs", x), inf), Select(cmp("<", x, zero), -big, big) if odd else big, r)
-    return Select(cmp("==", x, zero), zero if e > 0 else inf, r)  # pow at x = ±0 (the sign of −0 aside)
-
-
-def _mod(a: Expr, b: Expr, fmod: int) -> Expr:
-    """fmod=1: C fmod/srem (the dividend's sign); fmod=0 (integers): moved by b when the signs differ."""
-    r = a % b
-    if fmod:
-        return r
-    zero = f(0, r)
-    wrong = Bin("and", cmp("!=", r, zero), Bin("xor", cmp("<", r, zero), cmp("<", b, zero)))
-    out = Select(wrong, r + b, r)
-    if r.dtype.startswith("float"):  # a zero remainder takes the divisor's sign (Python's %)
-        out = Select(cmp("==", r, zero), Select(cmp("<", b, zero), Un("neg", zero), zero), out)
-    return out
 
 
 Lowering = Callable[[Node], Lowered]
@@ -295,7 +100,7 @@ def lower_binary(n: Node) -> Lowered:
 def lower_mod(n: Node) -> Lowered:
     y, ax = _out(n)
     a, b = (ld(v, bcast_index(v.shape, ax)) for v in n.inputs)
-    return Lowered([Compute(y.name, ax, y.shape, _mod(a, b, n.attrs["fmod"]))])
+    return Lowered([Compute(y.name, ax, y.shape, mod(a, b, n.attrs["fmod"]))])
 
 
 @lowering("Where")
@@ -333,7 +138,7 @@ def lower_reduce(n: Node) -> Lowered:
     if x.dtype == "bool":  # max = any, min = all, ...: reduce 0/1 as int32 (i1 compares as signed in codegen)
         red = reduction(x, ax, axes, keep, {"max": "max", "min": "min", "prod": "min"}.get(kind, "max"),
                         lambda e: Cast("int32", e))
-        body = _cast(red if kind in ("min", "prod") else maximum(red, Const(0, "int32")), "bool")  # empty: False
+        body = cast(red if kind in ("min", "prod") else maximum(red, Const(0, "int32")), "bool")  # empty: False
         return Lowered([Compute(y.name, ax, y.shape, body)])
     count = float(np.prod([x.shape[d] for d in axes]))
     red = lambda op, term=lambda e: e: reduction(x, ax, axes, keep, op, term)  # noqa: E731
@@ -674,7 +479,7 @@ def lower_gather(n: Node) -> Lowered:
     (x, ind), (y, ax), axis = n.inputs, _out(n), n.attrs["axis"]
     r = len(ind.shape)
     k = ld(ind, ax[axis:axis + r])
-    k = _cast(k, "int64")
+    k = cast(k, "int64")
     dim = x.shape[axis]
     k = clamp(Select(cmp("<", k, 0), k + dim, k), 0, dim - 1)  # out-of-range runtime indices clamp, no OOB
     idx = ax[:axis] + (k,) + ax[axis + r:]
@@ -732,137 +537,3 @@ def lower_node(n: Node) -> Lowered:
     if n.op not in LOWERINGS:
         raise UnsupportedOperator(n.op, n.name, detail="no lowering to the kernel IR")
     return LOWERINGS[n.op](n)
-
-
-# -- indexing (gather-form: every output element reads what it needs, so no store races) --------------------
-def _index(v: Expr, n: int) -> Expr:
-    """A run-time index into an axis of size n: negative wraps, out of range clamps (never out of bounds)."""
-    k = _cast(v, "int64")
-    return clamp(Select(cmp("<", k, 0), k + n, k), 0, max(n - 1, 0))
-
-
-def _identity(op: str, dtype: str) -> Const:
-    from kiln.kernel.ir import init_value
-    return init_value({"add": "sum", "mul": "prod", "max": "max", "min": "min"}[op], dtype)
-
-
-def _combine(op: str, a: Expr, b: Expr) -> Expr:
-    return {"add": lambda: a + b, "mul": lambda: a * b, "max": lambda: maximum(a, b),
-            "min": lambda: minimum(a, b)}[op]()
-
-
-@lowering("GatherElements")
-def lower_gather_elements(n: Node) -> Lowered:
-    (x, ind), (y, ax), axis = n.inputs, _out(n), n.attrs["axis"]
-    k = _index(ld(ind, ax), x.shape[axis])
-    return Lowered([Compute(y.name, ax, y.shape, ld(x, ax[:axis] + (k,) + ax[axis + 1:]))])
-
-
-@lowering("GatherND")
-def lower_gather_nd(n: Node) -> Lowered:
-    (x, ind), (y, ax), b = n.inputs, _out(n), n.attrs["batch_dims"]
-    q, k = len(ind.shape), ind.shape[-1]
-    lead = ax[:q - 1]
-    idx = list(lead[:b]) + [_index(ld(ind, lead + (Const(j, "int64"),)), x.shape[b + j]) for j in range(k)]
-    return Lowered([Compute(y.name, ax, y.shape, ld(x, tuple(idx) + ax[q - 1:]))])
-
-
-@lowering("ScatterElements")
-def lower_scatter_elements(n: Node) -> Lowered:
-    """out[p] = data[p] combined with every update whose index along `axis` lands on p (the last one wins
-    for reduction='none')."""
-    (data, ind, upd), (y, ax), a = n.inputs, _out(n), n.attrs
-    axis, red, u = a["axis"], a["reduction"], ind.shape
-    kv = Var("rs")
-    inside: Expr = Const(True, "bool")
-    at = []
-    for d, v in enumerate(ax):
-        if d == axis:
-            at.append(kv)
-        else:
-            inside = Bin("and", inside, cmp("<", v, u[d])) if u[d] < data.shape[d] else inside
-            at.append(clamp(v, 0, u[d] - 1) if u[d] < data.shape[d] else v)
-    at = tuple(at)
-    hit = Bin("and", inside, cmp("==", _index(ld(ind, at), data.shape[axis]), ax[axis]))
-    if red == "none":
-        last = Buffer(f"{y.name}.t0", "int64", y.shape)
-        c0 = Compute(last.name, ax, y.shape, Reduce("max", ((kv, u[axis]),), Select(hit, kv, Const(-1, "int64"))))
-        lv = Load(last.name, ax, "int64")
-        src = tuple(clamp(lv, 0, u[axis] - 1) if d == axis else e for d, e in enumerate(at))
-        body = Select(cmp(">=", lv, 0), ld(upd, src), ld(data, ax))
-        return Lowered([c0, Compute(y.name, ax, y.shape, body)], [last])
-    if red not in ("add", "mul", "max", "min"):
-        raise UnsupportedOperator("ScatterElements", n.name, detail=f"reduction {red!r}")
-    ident = _identity(red, upd.dtype)
-    r = Reduce({"add": "sum", "mul": "prod"}.get(red, red), ((kv, u[axis]),), Select(hit, ld(upd, at), ident))
-    return Lowered([Compute(y.name, ax, y.shape, _combine(red, ld(data, ax), r))])
-
-
-@lowering("ScatterND")
-def lower_scatter_nd(n: Node) -> Lowered:
-    (data, ind, upd), (y, ax), red = n.inputs, _out(n), n.attrs["reduction"]
-    k, lead = ind.shape[-1], ind.shape[:-1]
-    us = tuple(Var(f"ru{d}") for d in range(len(lead)))
-    hit: Expr = Const(True, "bool")
-    for j in range(k):
-        hit = Bin("and", hit, cmp("==", _index(ld(ind, us + (Const(j, "int64"),)), data.shape[j]), ax[j]))
-    axes = tuple(zip(us, lead))
-    if red == "none":
-        flat: Expr = Const(0, "int64")
-        for v, m in zip(us, lead):
-            flat = flat * m + v
-        last = Buffer(f"{y.name}.t0", "int64", y.shape)
-        c0 = Compute(last.name, ax, y.shape, Reduce("max", axes, Select(hit, flat, Const(-1, "int64"))))
-        lv = clamp(Load(last.name, ax, "int64"), 0, max(int(np.prod(lead)) - 1, 0))
-        src, stride = [], int(np.prod(lead))
-        for m in lead:
-            stride //= m
-            src.append((lv // stride) % m if stride > 1 else lv % m)
-        body = Select(cmp(">=", Load(last.name, ax, "int64"), 0), ld(upd, tuple(src) + ax[k:]), ld(data, ax))
-        return Lowered([c0, Compute(y.name, ax, y.shape, body)], [last])
-    if red not in ("add", "mul", "max", "min"):
-        raise UnsupportedOperator("ScatterND", n.name, detail=f"reduction {red!r}")
-    r = Reduce({"add": "sum", "mul": "prod"}.get(red, red), axes,
-               Select(hit, ld(upd, us + ax[k:]), _identity(red, upd.dtype)))
-    return Lowered([Compute(y.name, ax, y.shape, _combine(red, ld(data, ax), r))])
-
-
-@lowering("CumSum")
-def lower_cumsum(n: Node) -> Lowered:
-    (x,), (y, ax), a = n.inputs, _out(n), n.attrs
-    axis = a["axis"]
-    kv, i = Var("rc"), ax[axis]
-    op = {(0, 0): "<=", (1, 0): "<", (0, 1): ">=", (1, 1): ">"}[(int(a["exclusive"]), int(a["reverse"]))]
-    body = Reduce("sum", ((kv, x.shape[axis]),),
-                  Select(cmp(op, kv, i), ld(x, ax[:axis] + (kv,) + ax[axis + 1:]), f(0, ld(x, ax))))
-    return Lowered([Compute(y.name, ax, y.shape, body)])
-
-
-@lowering("TopKIndex")
-def lower_topk_index(n: Node) -> Lowered:
-    """Rank every element (how many come before it: larger/smaller, ties by index), then the k-th output is
-    the element of rank k. Two O(n²) passes along the axis."""
-    (x,), (y, ax), a = n.inputs, _out(n), n.attrs
-    axis = a["axis"]
-    size = x.shape[axis]
-    xax = axes_for(x.shape, "t")
-    rank = Buffer(f"{y.name}.rank", "int64", x.shape)
-    j = Var("rj")
-    me, other = ld(x, xax), ld(x, xax[:axis] + (j,) + xax[axis + 1:])
-    better = cmp(">" if a["largest"] else "<", other, me)
-    before = Bin("or", better, Bin("and", cmp("==", other, me), cmp("<", j, xax[axis])))
-    c0 = Compute(rank.name, xax, x.shape, Reduce("sum", ((j, size),), Select(before, Const(1, "int64"),
-                                                                              Const(0, "int64"))))
-    i = Var("ri")
-    pick = Reduce("sum", ((i, size),), Select(cmp("==", Load(rank.name, ax[:axis] + (i,) + ax[axis + 1:], "int64"),
-                                                  ax[axis]), i, Const(0, "int64")))
-    return Lowered([c0, Compute(y.name, ax, y.shape, pick)], [rank])
-
-
-@lowering("ReverseSequence")
-def lower_reverse_sequence(n: Node) -> Lowered:
-    (x, lens), (y, ax), a = n.inputs, _out(n), n.attrs
-    t, b = a["time_axis"], a["batch_axis"]
-    length = clamp(_cast(ld(lens, (ax[b],)), "int64"), 0, x.shape[t])
-    src = Select(cmp("<", ax[t], length), length - 1 - ax[t], ax[t])
-    return Lowered([Compute(y.name, ax, y.shape, ld(x, tuple(src if d == t else v for d, v in enumerate(ax))))])

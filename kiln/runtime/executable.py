@@ -87,7 +87,7 @@ class Executable:
         self._bounds = _bounds_record(self._code) if meta.get("bounds_check") else None
         self.dynamic: dict[str, Any] | None = meta.get("dynamic")
         if self.dynamic:  # symbolic dims: their values go into the module's dims array before each call
-            from kiln.codegen.exprs import DIMS_ACCESSOR, MAX_DIMS
+            from kiln.codegen.dims import DIMS_ACCESSOR, MAX_DIMS
             addr = ctypes.CFUNCTYPE(ctypes.c_void_p)(self._code.address(DIMS_ACCESSOR))()
             self._dims = (ctypes.c_int64 * MAX_DIMS).from_address(addr)
             self._staging: dict[tuple[str, int], np.ndarray] = {}  # max-layout copies of inputs/outputs

@@ -37,7 +37,8 @@ from kiln.schedule.guards import interior_swap
 from kiln.schedule.primitives import compute_to_loops, fuse, parallel, rename, split, vectorize
 from kiln.schedule.reorder import schedule_reorder
 from kiln.schedule.tail_calls import tail_calls
-from kiln.schedule.tile import TileShape, choose_tile, tile_compute
+from kiln.schedule.tile import tile_compute
+from kiln.schedule.tile_shape import TileShape, choose_tile
 from kiln.schedule.winograd import schedule_winograd
 from kiln.target import Target
 

@@ -55,7 +55,7 @@ from kiln.kernel.ir import (
 from kiln.schedule.amx import Rows, block_epilogue, decode_flat, in_place, vnni_panels
 from kiln.schedule.config import Decisions
 from kiln.schedule.dot_form import DotForm
-from kiln.schedule.tile import pick_mr
+from kiln.schedule.tile_shape import pick_mr
 from kiln.schedule.ukernel import merge_channel_blocks
 from kiln.target import Target
 from kiln.ukernels.dot import BLOCKS, METHODS, dot_ukernel, method_for

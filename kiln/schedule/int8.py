@@ -16,7 +16,7 @@ r_last % 4, graph/quant_pack.py), the nest is tile.py's register tile with the i
           for q in 0..K % 4:  $acc[mi] += i32(A(m, 4·(K/4) + q)) · i32(Bp[.., K/4, ni, q])     # K not a multiple of 4
           for mi in 0..MR unroll: [if m < M:] out[.., m, n] = epilogue($acc[mi])         # requantize in registers
 
-Rows (MR) and lanes (NR) as the float tile (schedule/tile.py: pick_mr, flatten_rows for convs with short rows);
+Rows (MR) and lanes (NR) as the float tile (tile_shape.pick_mr; tile.flatten_rows for convs with short rows);
 edge rows clamp their reads and guard their stores; the epilogue (int32 → float, scale, bias, activation,
 round, clamp, narrowing store) runs on the accumulators while they are in registers.
 
@@ -58,7 +58,8 @@ from kiln.schedule.amx import schedule_amx
 from kiln.schedule.config import Decisions
 from kiln.schedule.dot_form import DotForm, int8_form
 from kiln.schedule.dot_ukernel import chosen_dot_ukernel
-from kiln.schedule.tile import flatten_rows, pick_mr, rename_tile, simplify_panels, substitute_all
+from kiln.schedule.tile import flatten_rows, rename_tile, simplify_panels, substitute_all
+from kiln.schedule.tile_shape import pick_mr
 from kiln.target import Target
 
 UNROLL_DOTS = 256  # a blocked conv's k-groups unrolled while the tile does at most this many dot products per step

@@ -76,7 +76,7 @@ def kernel_module(k: Kernel, target: Target) -> str:
     """LLVM IR: the scheduled kernel and the timing entry point."""
     from llvmlite import ir
 
-    from kiln.codegen.exprs import I32, I64, PTR
+    from kiln.codegen.access import I32, I64, PTR
     from kiln.codegen.kernel import NTHREADS_GLOBAL, PARALLEL_GLOBAL, KernelEmitter, declare_runtime
     from kiln.codegen.module import link_extern_ir, opaque_pointers
 
@@ -181,7 +181,7 @@ def run_candidate(req: dict) -> dict:
     sizes = req.get("sizes") or [[]]
     dims = None
     if req.get("sizes"):
-        from kiln.codegen.exprs import DIMS_ACCESSOR, MAX_DIMS
+        from kiln.codegen.dims import DIMS_ACCESSOR, MAX_DIMS
         address = ctypes.CFUNCTYPE(ctypes.c_void_p)(code.address(DIMS_ACCESSOR))()
         dims = (ctypes.c_int64 * MAX_DIMS).from_address(address)
     outs = [j for j, r in enumerate(roles) if r[3] == "out"]
