@@ -232,6 +232,33 @@ def test_strided_and_padded_windows_under_qemu(target: str, tmp_path) -> None:  
     _run_everywhere(model, feeds, target, VLENS[target], tmp_path)
 
 
+def _depthwise_rows_model() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A stride-2 stem and an NCHW depthwise conv after it (mobilenetv2's first block, small): the depthwise conv's
+    row tile has no weight panel (no hint `nr`), and on SVE and RVV it once reached the microkernel's panel check
+    and failed with KeyError 'nr' — mobilenetv2 did not compile for either."""
+    x = rand(1, 3, 34, 30, seed=1)
+    w1, w2 = rand(16, 3, 3, 3, seed=2), rand(16, 1, 3, 3, seed=3)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Conv", ["r", "w2"], ["d"], pads=[1, 1, 1, 1], group=16),
+             helper.make_node("Relu", ["d"], ["y"])]
+    return make_model(nodes, {"x": x}, ["y"], consts={"w1": w1, "w2": w2}), {"x": x}
+
+
+@pytest.mark.parametrize("target", ["riscv64-rvv", "aarch64-sve", "aarch64-neon"])
+def test_depthwise_row_tiles_under_qemu(target: str, tmp_path) -> None:  # noqa: ANN001
+    model, feeds = _depthwise_rows_model()
+    _run_everywhere(model, feeds, target, VLENS.get(target, [128]), tmp_path)
+
+
+@pytest.mark.parametrize("target", ["riscv64-rvv", "aarch64-sve", "aarch64-sve2", "aarch64-sme", "aarch64-neon"])
+def test_mobilenetv2_lowers_for_every_cross_target(target: str) -> None:
+    from kiln.compiler import check_options, lower
+
+    c = lower(zoo.build("mobilenetv2"), resolve(target), 2, check_options({}), stop_after="object")
+    assert c.objs and sum(len(o) for o in c.objs) > 10_000
+
+
 def test_neon_fixed_width_under_qemu(tmp_path) -> None:  # noqa: ANN001
     model, feeds = _windows_model()
     loops = _run_everywhere(model, feeds, "aarch64-neon", [128], tmp_path)

@@ -86,7 +86,8 @@ from kiln.kernel.ir import (
 )
 from kiln.schedule.config import Decisions, powers_of_two
 from kiln.schedule.primitives import rename
-from kiln.schedule.tile import flatten_rows, pick_mr, simplify_panels
+from kiln.schedule.tile import flatten_rows, simplify_panels
+from kiln.schedule.tile_shape import pick_mr
 from kiln.target import Target
 from kiln.ukernels import UKernel, narrow_cols, pack_kernel_for, ukernel_for
 
@@ -220,7 +221,9 @@ def _plan(k: Kernel, c: Compute, target: Target) -> tuple | None:
     B panel load, A expression, panel base, (m axis, n axis), K) — or None where the strategy does not apply."""
     main = ukernel_for(target)
     one_vector = narrow_cols(target) if target.arch == "x86_64" else None  # one-vector blocks' panels (x86)
-    if main is None or c.hints.get("nr") not in (main.nr, one_vector) or "m_axis" not in c.hints:
+    # (a scalable target's microkernel has no fixed panel width, main.nr None: a compute without panels, such as
+    # an NCHW depthwise conv's row tile, matched it and failed on hints["nr"] — mobilenetv2 on SVE and RVV)
+    if main is None or "nr" not in c.hints or c.hints["nr"] not in (main.nr, one_vector) or "m_axis" not in c.hints:
         return None
     panel = int(c.hints["nr"])
     spatial = [a % len(c.axes) for a in c.hints.get("spatial", ())]
