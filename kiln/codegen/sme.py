@@ -202,12 +202,15 @@ def _emit_body(ke: NestEmitter, b: ir.IRBuilder, em: ScalableExprEmitter, s: Loo
                 nest(loops[1:])
             ke.counted(b, ir.Constant(I64, 0), em.ev(lp.extent)[0], 1, inner)
         nest(tile.reduction)
-        # rows of ZA into the accumulators: row m is in tile m // svl, slice m % svl (svl is only known at run time)
+        # rows of ZA into the accumulators: row m is in tile m // svl, slice m % svl (svl is only known at run time).
+        # Tile 0's slice m is given as m + svl (slice numbers are taken mod svl): a constant slice 0–3 made LLVM 22
+        # select the zero register as the slice base (`za0h.s[#0, 1]`, only w12–w15 encode; llvm-project #203295)
+        # and its object emitter abort the process — every GEMM tile over run-time rows (gpt_decoder) did
         for m in range(mr):
             row = None
             for q in range(groups):
                 first = b.mul(svl, ir.Constant(I64, q))
-                sl = b.trunc(b.sub(ir.Constant(I64, m), first), I32)
+                sl = b.trunc(b.add(ir.Constant(I64, m), svl) if q == 0 else b.sub(ir.Constant(I64, m), first), I32)
                 val = b.call(read, [ir.Constant(vt, None), cols, ir.Constant(I32, q), sl])
                 row = val if row is None else b.select(b.icmp_signed(">=", ir.Constant(I64, m), first), val, row)
             b.store(row, accs[m])
