@@ -164,7 +164,7 @@ def schedule_amx(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
     """The AMX nest of a bf16 anchor or of an integer one (schedule/int8.py), or None where it does not apply."""
     if not options.get("amx", True) or target.arch != "x86_64" or not usable(target.features):
         return None
-    if c.hints.get("depthwise") or c.store is not None:
+    if c.hints.get("depthwise") or (c.store is not None and len(c.store) != 1):  # (one flat index: stored as the axes)
         return None
     activation_b = "nr" not in c.hints  # a MatMul of two activations (attention's Q·Kᵀ, P·V): B packed here
     if activation_b:

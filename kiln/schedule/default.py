@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from kiln.kernel.analysis import coef, flat_index, fuse_contiguous_axes
+from kiln.kernel.analysis import coef, flat_index, fuse_contiguous_axes, fuse_row_axes
 from kiln.kernel.ir import (
     PARALLEL_MIN_WORK,
     Assign,
@@ -55,6 +55,8 @@ def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: i
     dec = dec if dec is not None else Decisions()
     if not symbolic_ok and symbolic_compute(c):  # run-time extents (kernel/dynamic.py)
         return schedule_symbolic(k, c, tag, target, threads, options, dec)
+    if options.get("fuse_axes", True):  # a GEMM's batch axes into its rows, for every strategy and precision
+        c = fuse_row_axes(c, lambda name: k.buffer(name).shape)
     if "reorder" in c.hints and options.get("vectorize", True):  # a layout change: transposes (reorder.py)
         nest = schedule_reorder(c, target, threads if options.get("parallel", True) else 1)
         if nest is not None:

@@ -86,7 +86,9 @@ class Plan:
 def plan(k: Kernel, c: Compute, form: DotForm | None, target: Target) -> tuple[Plan | None, str]:
     """(what the microkernel nest needs, "") or (None, why it does not apply), for the compute whose dot-product form
     (schedule/dot_form.py: int8_form, bf16_form) is `form`. No side effects."""
-    if form is None or c.store is not None or "nr" not in c.hints:
+    # (an explicit store of one flat index — a batched GEMM's rows merged, analysis.fuse_row_axes — is stored
+    # through c.store_index like the axes)
+    if form is None or (c.store is not None and len(c.store) != 1) or "nr" not in c.hints:
         return None, "not a dot-product anchor with weight panels"
     nr, g = int(c.hints["nr"]), form.group
     method, why = method_for(target, form.a.dtype, nr)
