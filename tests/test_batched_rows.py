@@ -66,3 +66,35 @@ def test_int8_batched_gemm_tiles_like_one_gemm(width: str) -> None:
     q = kiln.quantize(model, [feeds])
     qf = kiln.quantize(flat, [flat_feeds])
     assert _tiles(q, width) == _tiles(qf, width)
+
+
+def _dynamic_gemm() -> onnx.ModelProto:
+    from onnx import TensorProto, numpy_helper
+
+    w, b = rand(64, 48, seed=11), rand(48, seed=12)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["a"]),
+                           helper.make_node("Relu", ["a"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 48])],
+                          [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_dynamic_batch_rows_regime(width: str) -> None:
+    """Over run-time [batch, seq] rows a packed GEMM has a second nest whose tiles run over the batch entries, taken
+    when batch > seq (schedule/default.py: _batch_rows): one compile, checked against onnxruntime on both sides of
+    the switch (4×1, 6×1, 5×2: batch rows; 1×3, 3×17, 2×2: token rows)."""
+    from conftest import assert_close, run_ort, width_runs
+    from kiln.kernel.ir import If
+
+    model, bounds = _dynamic_gemm(), {"batch": (1, 6), "seq": (1, 20)}
+    c = lower(model, resolve(width), 2, check_options({}), dynamic_bounds=bounds, stop_after="object")
+    assert c.objs and c.objs[0][:4] == b"\x7fELF"
+    gemm = next(k for k in c.program.kernels if "matmul" in k.name)
+    assert isinstance(gemm.body[0], If) and "batch" in str(gemm.body[0].cond) and "seq" in str(gemm.body[0].cond)
+    if not width_runs(width):
+        return
+    exe = kiln.compile(model, target=width, num_threads=2, cache=False, dynamic_bounds=bounds)
+    for batch, seq in [(4, 1), (6, 1), (5, 2), (1, 3), (3, 17), (2, 2)]:
+        x = rand(batch, seq, 64, seed=batch * 31 + seq)
+        assert_close(exe.run({"x": x})[0], run_ort(model, {"x": x})[0], 1e-5, f"{batch}×{seq}")
