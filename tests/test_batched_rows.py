@@ -1,7 +1,7 @@
 """A GEMM over a batch of row blocks ([b, m, k] × [k, n], the weights shared) is tiled as one [b·m, k] GEMM
 (kiln/kernel/analysis.py: fuse_row_axes): its register tiles span the batch, so each weight panel streams once,
 not once per batch entry. bert_base built statically at batch 4 × 3 tokens ran four 3-row GEMMs per layer:
-12.9 ms, against 9.2 ms with the rows merged (Zen 5, one interleaved run)."""
+12.97 ms, against 7.34 ms with the rows merged (Zen 5, benchmarks/batched_rows.py, one interleaved run)."""
 from __future__ import annotations
 
 import numpy as np

@@ -136,8 +136,8 @@ def fuse_row_axes(c: Compute, shape_of: Callable[[str], tuple[int, ...]]) -> Com
     The loads keep their shape (flat_index folds (p // 3)·3 + p % 3 back to p, as for a conv's flattened rows), so
     what reads their last index — the dot-product forms, the taps — reads it as before; the store is one flat index.
     A register tile then spans the batch: bert_base at batch 4 × 3 tokens ran four 3-row GEMMs per layer, each
-    streaming every weight panel (12.9 ms; 9.2 merged). Only MatMul-like anchors (m_axis, n_axis counted from the
-    end, no conv layout hints), static extents; repeats while it applies."""
+    streaming every weight panel (12.97 ms; 7.34 merged: benchmarks/batched_rows.py). Only MatMul-like anchors
+    (m_axis, n_axis counted from the end, no conv layout hints), static extents; repeats while it applies."""
     m_hint, n_hint = c.hints.get("m_axis"), c.hints.get("n_axis", -1)
     if not isinstance(m_hint, int) or m_hint >= 0 or not isinstance(n_hint, int) or n_hint >= 0 or \
             any(h in c.hints for h in _LAYOUT_HINTS) or (c.store is not None and len(c.store) != 1):

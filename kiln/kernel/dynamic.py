@@ -27,9 +27,9 @@ from kiln.graph.symbolic import is_static, upper
 from kiln.kernel.ir import Compute, Const, Expr, Load, Reduce, Sym, Var, substitute, walk
 from kiln.kernel.lower import Lowered, axes_for
 
+MAX_DIMS = 64  # symbolic dims per module: the size of the i64 array the kernels read them from (codegen/dims.py)
 # Ops whose lowering uses a dim's VALUE (not only its extent) when the dim is reduced/indexed: refused on a
 # symbolic axis (their attrs name the axes): op → attribute holding the axis/axes
-MAX_DIMS = 64  # symbolic dims per module: the size of the i64 array the kernels read them from (codegen/dims.py)
 _VALUE_OF_DIM = {"ArgReduce": "axis", "CumSum": "axis", "TopKIndex": "axis", "ReverseSequence": "axis"}
 
 

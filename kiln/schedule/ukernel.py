@@ -221,8 +221,8 @@ def _plan(k: Kernel, c: Compute, target: Target) -> tuple | None:
     B panel load, A expression, panel base, (m axis, n axis), K) — or None where the strategy does not apply."""
     main = ukernel_for(target)
     one_vector = narrow_cols(target) if target.arch == "x86_64" else None  # one-vector blocks' panels (x86)
-    # (a scalable target's microkernel has no fixed panel width, main.nr None: a compute without panels, such as
-    # an NCHW depthwise conv's row tile, matched it and failed on hints["nr"] — mobilenetv2 on SVE and RVV)
+    # (off x86 there is no narrow-column kernel, one_vector None: a compute without panels — an NCHW depthwise
+    # conv's row tile — matched `None in (main.nr, None)` and failed on hints["nr"]: mobilenetv2 on Arm and RVV)
     if main is None or "nr" not in c.hints or c.hints["nr"] not in (main.nr, one_vector) or "m_axis" not in c.hints:
         return None
     panel = int(c.hints["nr"])
