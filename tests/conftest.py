@@ -110,6 +110,14 @@ def run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.nda
 WIDTHS: tuple[str, ...] = tuple(X86_WIDTHS) if resolve("host").arch == "x86_64" else ()
 
 
+def nest_stmts(body: list) -> list:
+    """Every statement of a loop nest in order, nested ones included (loop bodies, both sides of an If)."""
+    out = []
+    for st in body:
+        out += [st, *nest_stmts(getattr(st, "body", None) or []), *nest_stmts(getattr(st, "orelse", None) or [])]
+    return out
+
+
 def width_runs(width: str) -> bool:
     forced = {w.strip() for w in os.environ.get("KILN_TEST_EMIT_ONLY", "").split(",") if w.strip()}
     return width not in forced and runs_here(resolve(width))

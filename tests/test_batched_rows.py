@@ -10,7 +10,7 @@ import pytest
 from onnx import helper
 
 import kiln
-from conftest import check, make_model, rand
+from conftest import check, make_model, nest_stmts, rand
 from kiln.compiler import check_options, lower
 from kiln.kernel.ir import Local, Loop, Stmt
 from kiln.target import resolve
@@ -27,15 +27,8 @@ def _gemm(shape: tuple[int, ...], seed: int = 1) -> tuple[onnx.ModelProto, dict[
 def _structure(stmts: list[Stmt]) -> list[tuple]:
     """A loop nest's shape: each loop's kind and extent, each register tile's accumulator count, in order (a 1-row
     tile per batch entry also has 4 accumulators when it splits its reduction: the loops tell them apart)."""
-    out: list[tuple] = []
-    for s in stmts:
-        if isinstance(s, Local):
-            out.append(("local", s.count))
-        elif isinstance(s, Loop):
-            out.append(("loop", s.kind, str(s.extent)))
-        for attr in ("body", "orelse"):
-            out += _structure(getattr(s, attr, None) or [])
-    return out
+    return [("local", s.count) if isinstance(s, Local) else ("loop", s.kind, str(s.extent))
+            for s in nest_stmts(stmts) if isinstance(s, (Local, Loop))]
 
 
 def _tiles(model: onnx.ModelProto, width: str) -> list[tuple]:

@@ -13,7 +13,7 @@ from onnx import TensorProto as T
 from onnx import helper, numpy_helper
 
 import kiln
-from conftest import assert_close, run_ort, width_runs
+from conftest import assert_close, nest_stmts, run_ort, width_runs
 from kiln.errors import BoundsError, ModelError
 from kiln.kernel.ir import If
 
@@ -156,17 +156,9 @@ def test_bounds_checked_build_stays_inside_the_max_layouts() -> None:
             pytest.fail(f"out-of-bounds access in the dynamic build: {e}")
 
 
-def _stmts(body: list) -> list:
-    """Every statement of a nest, nested ones included (loop bodies, both sides of an If)."""
-    out = []
-    for st in body:
-        out += [st, *_stmts(getattr(st, "body", [])), *_stmts(getattr(st, "orelse", []))]
-    return out
-
-
 def _locals(body: list) -> list:
     from kiln.kernel.ir import Local
-    return [st for st in _stmts(body) if isinstance(st, Local)]
+    return [st for st in nest_stmts(body) if isinstance(st, Local)]
 
 
 def test_intermediates_of_run_time_row_length_get_run_time_rows(width: str) -> None:
@@ -443,7 +435,7 @@ def test_run_time_rows_of_packed_weights_end_on_tail_tiles(width: str) -> None:
     # one tail If for each tail below the full tile's rows (AVX-512: 8, AVX2: 6, SSE: 5) — the called ones one group —
     # for each panel width (the last panel of 40 columns may be narrower: more than an eighth of them, all tails,
     # emitted)
-    tails = [s for s in _stmts(token_rows(k)) if isinstance(s, If) and s.share is not None]
+    tails = [s for s in nest_stmts(token_rows(k)) if isinstance(s, If) and s.share is not None]
     (nr,) = {b.shape[-1] for b in k.args if len(b.shape) == 3 and b.shape[1] == 1024}  # packed [N/NR, K, NR]
     assert len(tails) == tail_ifs(width) + (len(run_time_tails(width)) if 40 % nr else 0), (width, len(tails))
     exe = compiled_once(model, width, bounds)
@@ -463,7 +455,7 @@ def test_a_narrow_last_panel_of_many_keeps_only_the_smallest_tail(width: str) ->
     c = lower(model, resolve(width), 2, check_options({}), dynamic_bounds=bounds, stop_after="kernels")
     (k,) = [k for k in c.program.kernels if k.name.endswith("packedmatmul")]
     (nr,) = {b.shape[-1] for b in k.args if len(b.shape) == 3 and b.shape[1] == 64}  # packed panels [N/NR, K, NR]
-    tails = [s for s in _stmts(token_rows(k)) if isinstance(s, If) and s.share is not None]
+    tails = [s for s in nest_stmts(token_rows(k)) if isinstance(s, If) and s.share is not None]
     assert len(tails) == tail_ifs(width) + (1 if 264 % nr else 0), (width, nr, len(tails))
     exe = compiled_once(model, width, bounds)
     if exe is not None:

@@ -232,15 +232,8 @@ def schedule_symbolic(k: Kernel, c: Compute, tag: str, target: Target, threads: 
                 k.strategies.setdefault(node, "direct")
             threads = threads if options.get("parallel", True) else 1
             nest = regime_tiles(k, c, shape, tag, target, threads, dec)
-            across = _batch_rows(k, c, shape, target, dec)
-            if across is None:
-                return nest
-            more_batch, c_b, shape_b = across
-            saved, dec.prefix = dec.prefix, dec.prefix + "batch_rows."
-            try:
-                return [If(more_batch, regime_tiles(k, c_b, shape_b, tag + "b", target, threads, dec), nest)]
-            finally:
-                dec.prefix = saved
+            across = _batch_rows(k, c, shape, tag, target, threads, dec)
+            return nest if across is None else [If(across[0], across[1], nest)]
     plain = {h: v for h, v in c.hints.items() if h not in ("reorder", "winograd", "int8", "strategy")}
     c = Compute(c.out, c.axes, c.extents, c.body, c.store, plain)
     opts = {**options, "register_tile": False}
@@ -330,10 +323,11 @@ def regime_tiles(k: Kernel, c: Compute, shape: TileShape, tag: str, target: Targ
     return _small_on_caller(tile_compute(k, c, shape, tag, threads, None, dec, tails=tails, calls=calls), c)
 
 
-def _batch_rows(k: Kernel, c: Compute, shape: TileShape, target: Target,
-                dec: Decisions) -> tuple[Expr, Compute, TileShape] | None:
-    """A GEMM with packed weights over run-time [batch, seq] rows: tiles whose rows are the batch entries, for when
-    there are more of them than tokens — (batch > seq, the compute with m_axis on the batch, its tile), or None.
+def _batch_rows(k: Kernel, c: Compute, shape: TileShape, tag: str, target: Target, threads: int,
+                dec: Decisions) -> tuple[Expr, list[Stmt]] | None:
+    """A GEMM with packed weights over run-time [batch, seq] rows: the nest of tiles whose rows are the batch
+    entries, for when there are more of them than tokens — (batch > seq, that nest; its knobs `batch_rows.…`) — or
+    None.
 
     The buffers are laid out for the bounds (kernel/dynamic.py), so a batch entry's rows start a constant stride
     apart and a tile over the batch axis is affine; one over batch × seq rows would not be (analysis.fuse_row_axes
@@ -349,11 +343,12 @@ def _batch_rows(k: Kernel, c: Compute, shape: TileShape, target: Target,
     saved, dec.prefix = dec.prefix, dec.prefix + "batch_rows."
     try:
         shape_b = choose_tile(k, c_b, target, dec)
+        if shape_b is None or shape_b.m_axis % len(c.axes) != m - 1:
+            return None
+        more_batch = cmp(">", as_extent(batch), as_extent(seq))
+        return more_batch, regime_tiles(k, c_b, shape_b, tag + "b", target, threads, dec)
     finally:
         dec.prefix = saved
-    if shape_b is None or shape_b.m_axis % len(c.axes) != m - 1:
-        return None
-    return cmp(">", as_extent(batch), as_extent(seq)), c_b, shape_b
 
 
 def _small_on_caller(nest: list[Stmt], c: Compute) -> list[Stmt]:
