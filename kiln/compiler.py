@@ -31,9 +31,9 @@ PASS_OPTIONS: tuple[str, ...] = ("quantize_qdq", "fold_constants", "recognize_ge
                                  "block_layout", "winograd", "pack_weights", "lower_precision", "fusion",
                                  "fuse_elementwise", "fuse_epilogue", "fuse_axes", "vectorize", "register_tile",
                                  "prefetch", "pack_operands", "parallel", "memory_reuse", "amx", "dpbf16",
-                                 "compact_rows")
-# switches that only matter for precision="bf16" (`kiln bench --ablate` skips them for an fp32 build)
-PRECISION_OPTIONS: tuple[str, ...] = ("lower_precision", "amx", "dpbf16")
+                                 "mmla", "compact_rows")
+# switches that only matter for a bf16 or int8 build (`kiln bench --ablate` skips them for an fp32 build)
+PRECISION_OPTIONS: tuple[str, ...] = ("lower_precision", "amx", "dpbf16", "mmla")
 
 Trace = Callable[[str, Any], None]
 
@@ -418,6 +418,7 @@ def executable_of(c: Compiled, tgt: Target, threads: int, bounds_check: bool = F
         "symbols": sorted({s for k in c.program.kernels for s in k.symbols}),
         "strategies": {node: how for k in c.program.kernels for node, how in k.strategies.items()},
         # how each bf16 / int8 anchor multiplied: "amx" tiles, "avx512bf16" vdpbf16ps, "bfdot", "bfmmla", "emulated",
+        # "smmla" (an int8 anchor's direct block tile; others: exe.meta["int8"] names the target's dot product),
         # or "fp32" (kept: no bf16 dot product for its form on this target, graph/passes/precision.py pairs_only)
         "precision": {**{n.name: "fp32" for n in g.nodes if n.attrs.get("bf16_kept_fp32")}, **how_multiplied},
         "amx": "amx" in how_multiplied.values(),

@@ -431,6 +431,17 @@ def test_isa_report_bf16_microkernel_loops() -> None:
     assert mmla == 16 and n / (16 * mmla) < 0.2, (n, mmla)
 
 
+def test_isa_report_aarch64_block_tile() -> None:
+    """Direct emission on AArch64 BF16 (kiln/isa/bf16.py aarch64_gemm_loop, objects only): the tile with its rows in
+    pairs runs BFMMLA — 16 MACs an instruction, so well under the BFDOT tile's (switch mmla off) instructions per
+    multiply-accumulate, and within the BFMMLA microkernel's ballpark (< 0.2)."""
+    from kiln.isa.bf16 import aarch64_gemm_loop
+
+    (n_mm, macs_mm), (n_dot, macs_dot) = aarch64_gemm_loop(True), aarch64_gemm_loop(False)
+    assert macs_mm >= 16 * 16 and macs_dot >= 8 * 16, (macs_mm, macs_dot)
+    assert n_mm / macs_mm < 0.2 and n_mm / macs_mm < 0.6 * n_dot / macs_dot, (n_mm, macs_mm, n_dot, macs_dot)
+
+
 def test_bounds_checked_bf16_build(width: str) -> None:
     """The debug build (bounds_check=True) emits each pair product plainly (Dot2.expand: every load checked): the
     same bf16-rounded result as the fast build, within float32 accumulation (K·2⁻²⁴·Σ|x·w|)."""
@@ -477,9 +488,10 @@ def test_bf16_ukernel(width: str, shape: tuple[int, ...]) -> None:
 
 @pytest.mark.parametrize("name", ["gemm_odd", "conv_r50_3x3"])
 def test_bf16_aarch64_under_qemu(tmp_path, name: str) -> None:  # noqa: ANN001
-    """AArch64 with BF16: direct emission's pair dot product is BFDOT (codegen/dpbf16.py), strategy="ukernel" the
-    BFMMLA microkernel (2×2 float32 blocks of 4-value bf16 dot products); both against the emulation (bf16
-    operands, float32 FMAs: switch dpbf16 off) under qemu — one float32 sum order against another."""
+    """AArch64 with BF16: direct emission's tile takes its rows in pairs and runs BFMMLA (2×2 float32 blocks of
+    4-value bf16 dot products: schedule/mmla.py), or with the switch mmla off the pair dot product BFDOT
+    (codegen/dpbf16.py); strategy="ukernel" the BFMMLA microkernel; all against the emulation (bf16 operands,
+    float32 FMAs: switch dpbf16 off) under qemu — one float32 sum order against another."""
     import dataclasses
 
     import kiln.cross as kc
@@ -490,14 +502,17 @@ def test_bf16_aarch64_under_qemu(tmp_path, name: str) -> None:  # noqa: ANN001
         pytest.skip(have_toolchain("aarch64"))
     t = dataclasses.replace(resolve("aarch64-neon"), features="+neon,+fp-armv8,+bf16")
     model, feeds = zoo.build(name), zoo.inputs(name)
-    builds = {"ukernel": ("ukernel", None), "direct": ("direct", None), "emulated": ("direct", {"dpbf16": False})}
+    builds = {"ukernel": ("ukernel", None), "direct": ("direct", None), "bfdot": ("direct", {"mmla": False}),
+              "emulated": ("direct", {"dpbf16": False})}
     out = {}
     for label, (strategy, options) in builds.items():
         b = kc.build_binary(model, t, str(tmp_path / label), strategy=strategy, options=options, precision="bf16")
         out[label] = kc.run_qemu(b, feeds)[0][0]
     assert "bfmmla" in (tmp_path / "ukernel" / "model.s").read_text()
-    assert "bfdot" in (tmp_path / "direct" / "model.s").read_text()
+    asm = {label: (tmp_path / label / "model.s").read_text() for label in ("direct", "bfdot")}
+    assert "bfmmla" in asm["direct"] and "bfdot" not in asm["direct"]
+    assert "bfdot" in asm["bfdot"] and "bfmmla" not in asm["bfdot"]
     assert "bfdot" not in (tmp_path / "emulated" / "model.s").read_text()
     scale = np.abs(out["emulated"]).max()
-    for label in ("ukernel", "direct"):
+    for label in ("ukernel", "direct", "bfdot"):
         assert np.abs(out[label] - out["emulated"]).max() <= 1e-5 * scale, label

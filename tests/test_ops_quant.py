@@ -558,10 +558,11 @@ def test_int8_library_strategy(library: str) -> None:
 
 # -- cross ISAs (qemu) -----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("features,instr", [("+neon,+fp-armv8,+dotprod", "sdot"),
+                                            ("+neon,+fp-armv8,+dotprod,+i8mm", "smmla"),
                                             pytest.param("+neon,+fp-armv8", None, marks=pytest.mark.slow)])
 def test_int8_aarch64_under_qemu(tmp_path, features: str, instr: str | None) -> None:  # noqa: ANN001
-    """AArch64 with dotprod: SDOT (s8 × s8, activations signed there); without it: LLVM's widening multiply-adds.
-    Exact against onnxruntime (integer outputs)."""
+    """AArch64 with dotprod: SDOT (s8 × s8, activations signed there); with i8mm, direct emission's 2×2-block tile
+    (SMMLA); without either: LLVM's widening multiply-adds. Exact against onnxruntime (integer outputs)."""
     import dataclasses
 
     import kiln.cross as kc
@@ -571,7 +572,7 @@ def test_int8_aarch64_under_qemu(tmp_path, features: str, instr: str | None) -> 
     if have_toolchain("aarch64"):
         pytest.skip(have_toolchain("aarch64"))
     t = dataclasses.replace(resolve("aarch64-neon"), features=features)
-    assert ("sdot" in dot_method(t)) == (instr == "sdot")
+    assert dot_method(t).startswith(instr or "no 8-bit dot product")
     x = rand(1, 8, 9, 7, lo=-128, hi=127, dtype="int8")
     m = qlinear_conv_model(x, 16, 1, "int8", True)
     b = kc.build_binary(m, t, str(tmp_path / "conv"))
@@ -579,6 +580,39 @@ def test_int8_aarch64_under_qemu(tmp_path, features: str, instr: str | None) -> 
     assert np.array_equal(outs[0], run_ort(m, {"x": x})[0])
     asm = (tmp_path / "conv" / "model.s").read_text()
     assert (instr in asm) if instr else ("sdot" not in asm)
+
+
+@pytest.mark.parametrize("bounds_check", [False, True], ids=["fast", "bounds-checked"])
+def test_int8_smmla_tile_under_qemu(tmp_path, bounds_check: bool) -> None:  # noqa: ANN001
+    """Direct emission's 2×2-block tile (SMMLA, schedule/mmla.py) at its edges: K with an odd last group and a
+    tail (37 = 4·9 + 1: one mmla of 5 bytes per row), an odd row count (the pair's second row clamped, its store
+    guarded), masked edge columns (21, 13 of panels of 8), a batched matmul merged into one row axis, a blocked conv;
+    exact against onnxruntime, as is the same build with the switch mmla off (SDOT). The bounds-checked build reads
+    each row's bytes and each column group through checked masked loads: the driver fails on any violation."""
+    import dataclasses
+
+    import kiln.cross as kc
+    from kiln.compiler import check_options, lower
+    from kiln.cross import have_toolchain
+
+    if have_toolchain("aarch64"):
+        pytest.skip(have_toolchain("aarch64"))
+    t = dataclasses.replace(resolve("aarch64-neon"), features="+neon,+fp-armv8,+dotprod,+i8mm")
+    x = rand(1, 8, 9, 7, lo=-128, hi=127, dtype="int8")
+    cases = [("conv", qlinear_conv_model(x, 16, 1, "int8", True), {"x": x})]
+    for shape, n in (((2, 5, 37), 21), ((7, 64), 24), ((33, 5), 13)):
+        a = rand(*shape, lo=-128, hi=127, dtype="int8", seed=8)
+        cases.append(("x".join(map(str, shape)), qlinear_matmul_model(a, n), {"a": a}))
+    for name, m, feeds in cases:
+        c = lower(m, t, 1, check_options({}), stop_after="schedule")
+        assert {how for k in c.program.kernels for how in k.precision.values()} == {"smmla"}, name
+        for label, options in (("mmla", None), ("sdot", {"mmla": False})):
+            b = kc.build_binary(m, t, str(tmp_path / name / label), options=options, bounds_check=bounds_check)
+            outs, _ = kc.run_qemu(b, feeds)
+            assert np.array_equal(outs[0], run_ort(m, feeds)[0]), (name, label)
+            asm = (tmp_path / name / label / "model.s").read_text()
+            # (a bounds-checked build emits Dot4 as plain arithmetic, every byte checked: no sdot there)
+            assert ("smmla" in asm, "sdot" in asm) == ((True, False) if label == "mmla" else (False, not bounds_check))
 
 
 @pytest.mark.parametrize("features,method", [("+neon,+fp-armv8,+dotprod", "sdot"),
@@ -637,9 +671,11 @@ def test_isa_int8_report() -> None:
         assert ipm["x86 AVX-512 VNNI (avx512)", s] < ipm["x86 AVX-VNNI (avx2)", s] < ipm["x86 SSE, no VNNI (sse)", s]
     assert ipm["AArch64 NEON + dotprod", "direct"] < ipm["AArch64 NEON", "direct"]
     assert ("AArch64 NEON", "ukernel") not in rows  # no int8 microkernel without dotprod
-    # the i8mm microkernel: SMMLA's 32 MACs per instruction against SDOT's 16
+    # i8mm, the microkernel and direct emission's block tile: SMMLA's 32 MACs per instruction against SDOT's 16
     assert "i8mm" in rows["AArch64 NEON + i8mm", "ukernel"].method
-    assert ipm["AArch64 NEON + i8mm", "ukernel"] < 0.7 * ipm["AArch64 NEON + dotprod", "ukernel"]
+    assert rows["AArch64 NEON + i8mm", "direct"].method.startswith("smmla")
+    for s in ("direct", "ukernel"):
+        assert ipm["AArch64 NEON + i8mm", s] < 0.7 * ipm["AArch64 NEON + dotprod", s]
 
 
 @pytest.mark.slow  # importing NNCF alone takes ~10 s

@@ -21,7 +21,7 @@ from llvmlite import ir
 from kiln.codegen.bf16 import BF16
 from kiln.codegen.int8 import dot_operands, features, pieces
 from kiln.kernel.analysis import coef
-from kiln.kernel.ir import Dot2
+from kiln.kernel.dot import Dot2
 from kiln.target import Target
 
 I16, F32 = ir.IntType(16), ir.FloatType()

@@ -28,13 +28,12 @@ from kiln.codegen.constants import poison, splat_constant, vector_constant
 from kiln.codegen.dims import dims_value
 from kiln.codegen.hoist import emitting_in, hoistable, value_key
 from kiln.codegen.mathfn import VectorMath
+from kiln.kernel.dot import Dot2, Dot4, Mmla, MmlaRow
 from kiln.kernel.ir import (
     Addr,
     Bin,
     Cast,
     Const,
-    Dot2,
-    Dot4,
     Expr,
     Load,
     LocalRef,
@@ -281,6 +280,9 @@ class ExprEmitter(MemoryAccess):
         if isinstance(e, Dot2):  # bf16 pair dot products: vdpbf16ps (codegen/dpbf16.py)
             from kiln.codegen.dpbf16 import emit_dot2
             return emit_dot2(self, e)
+        if isinstance(e, (Mmla, MmlaRow)):  # 2×2-block matrix multiply-accumulates: SMMLA / BFMMLA (codegen/mmla.py)
+            from kiln.codegen.mmla import emit_mmla, emit_mmla_row
+            return emit_mmla(self, e) if isinstance(e, Mmla) else emit_mmla_row(self, e)
         if isinstance(e, Reduce):
             raise AssertionError("Reduce must be hoisted before codegen")
         raise TypeError(f"cannot emit {type(e).__name__}")

@@ -8,7 +8,8 @@ In a vector loop of n int32 lanes, with `a` uniform and `b` 4 bytes per lane (we
     x86 AVX-VNNI / VL:  vpdpbusd.256 / .128 on 8 / 4-lane pieces     (target "avx2" on a VNNI host: {vex} form)
     x86 without VNNI:   pmaddwd on the widened pairs (a0,a1)·(b0,b1) + (a2,a3)·(b2,b3): u8 and s8 sign/zero-
                         extended to int16, exact (`vpmaddubsw` would saturate u8·s8 pairs at int16)
-    AArch64 dotprod:    SDOT (s8 × s8, activations signed there: kiln.graph.quant_ops.activation_dtype)
+    AArch64 dotprod:    SDOT (s8 × s8, activations signed there: kiln.graph.quant_ops.activation_dtype); with i8mm
+                        the register tile takes its rows in pairs and runs SMMLA instead (`Mmla`, codegen/mmla.py)
     anything else:      the plain widening arithmetic of `Dot4.expand` (LLVM picks the widening MACs)
 
 Outside that pattern (scalar code, a varying `a`) it is emitted as `Dot4.expand()`.
@@ -19,7 +20,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from kiln.kernel.analysis import coef
-from kiln.kernel.ir import Dot4
+from kiln.kernel.dot import Dot4
 from kiln.target import Target, features_on
 
 I1, I8, I16, I32 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32)
@@ -55,6 +56,8 @@ def dot_method(target: Target) -> str:
     if target.arch == "x86_64":
         return ("no VNNI on this target: u8/s8 widened to int16 and multiplied with pmaddwd (exact, no "
                 "saturation; about 18x the instructions per multiply-accumulate of vpdpbusd: python -m kiln.isa.int8)")
+    if target.arch == "aarch64" and "i8mm" in f and not target.scalable:
+        return "smmla (AArch64 i8mm: 2×2 blocks, schedule/mmla.py; sdot on one-row tiles)"
     if target.arch == "aarch64" and "dotprod" in f and not target.scalable:
         return "sdot (AArch64 dotprod)"
     return f"no 8-bit dot product on {target.name}: widening multiply-adds (LLVM's choice)"

@@ -6,14 +6,16 @@ The stable API (also used by `kiln bench --isa` and the QEMU instruction-count p
     binary = kiln.cross.build_binary(model, "riscv64-rvv", workdir, strategy="direct")  # -> CrossBinary
     outputs, stderr = kiln.cross.run_qemu(binary, feeds, vlen=256, plugin_args=None)
 
-`build_binary(model, target, workdir, strategy="direct", options=None)`: `model` is an onnx.ModelProto, a
-path or `zoo:NAME`; `target` a name accepted by `kiln.target.resolve` ("aarch64-sve", "riscv64-rvv:sifive-x280",
-...) or a `Target`. Compiles with ONE thread (the driver's `kiln_parallel` runs chunks serially), writes into
-`workdir`: `model.o` (the object), `model.s` (its assembly), `weights.bin`, `driver` (the static executable).
-Raises `kiln.errors.CrossToolError` when the cross GCC is missing, `kiln.errors.TargetError` for a target LLVM
-cannot lower. `strategy`: "direct" (emitted code) or "ukernel" (MatMul/Conv on the target's hand-written
-microkernels, kiln/ukernels/aarch64.py and riscv.py; anchors they do not apply to stay direct); the others raise
-ValueError.
+`build_binary(model, target, workdir, strategy="direct", options=None, precision="fp32", bounds_check=False)`:
+`model` is an onnx.ModelProto, a path or `zoo:NAME`; `target` a name accepted by `kiln.target.resolve`
+("aarch64-sve", "riscv64-rvv:sifive-x280", ...) or a `Target`. Compiles with ONE thread (the driver's
+`kiln_parallel` runs chunks serially), writes into `workdir`: `model.o` (the object), `model.s` (its assembly),
+`weights.bin`, `driver` (the static executable). Raises `kiln.errors.CrossToolError` when the cross GCC is missing,
+`kiln.errors.TargetError` for a target LLVM cannot lower. `strategy`: "direct" (emitted code) or "ukernel"
+(MatMul/Conv on the target's hand-written microkernels, kiln/ukernels/aarch64.py and riscv.py; anchors they do not
+apply to stay direct); the others raise ValueError. `bounds_check=True`: the debug build (every access checked,
+kiln/codegen/bounds.py); the driver exits with 5 on a recorded violation and `run_qemu` raises `CrossRunError`
+naming the kernel call, buffer and index.
 
 `CrossBinary` fields: `target` (Target), `workdir`, `exe` (path of the static executable), `obj`, `asm`,
 `weights`, `arena_bytes`, `inputs` / `outputs` (lists of IOSpec: name, dtype, shape), `vector_loops`

@@ -106,8 +106,9 @@ def _load(model: onnx.ModelProto | str | bytes | os.PathLike) -> onnx.ModelProto
 
 def build_binary(model: onnx.ModelProto | str | bytes | os.PathLike, target: str | Target, workdir: str,
                  strategy: str = "direct", options: dict[str, bool] | None = None,
-                 precision: str = "fp32") -> CrossBinary:
-    """Compile `model` for `target` into `workdir` (model.o, model.s, weights.bin, driver); see kiln.cross."""
+                 precision: str = "fp32", bounds_check: bool = False) -> CrossBinary:
+    """Compile `model` for `target` into `workdir` (model.o, model.s, weights.bin, driver); see kiln.cross.
+    `bounds_check`: the debug build (kiln/codegen/bounds.py); run_qemu then fails on a recorded violation."""
     from kiln.codegen.scalable import count_vector_loops
     from kiln.codegen.sme import has_sme, match_sme_tile
 
@@ -124,7 +125,7 @@ def build_binary(model: onnx.ModelProto | str | bytes | os.PathLike, target: str
     start = time.perf_counter()
     paths = {k: os.path.join(workdir, f) for k, f in
              (("obj", "model.o"), ("asm", "model.s"), ("weights", "weights.bin"), ("exe", "driver"))}
-    c = compile_object(model, t, paths["obj"], paths["asm"], options, strategy, precision)
+    c = compile_object(model, t, paths["obj"], paths["asm"], options, strategy, precision, bounds_check)
     g = c.graph
     with open(paths["weights"], "wb") as f:
         f.write(c.plan.weights)
@@ -141,7 +142,7 @@ def build_binary(model: onnx.ModelProto | str | bytes | os.PathLike, target: str
 
 def compile_object(model: onnx.ModelProto | str | bytes | os.PathLike, target: str | Target, obj_path: str,
                    asm_path: str | None = None, options: dict[str, bool] | None = None,
-                   strategy: str = "direct", precision: str = "fp32") -> Compiled:
+                   strategy: str = "direct", precision: str = "fp32", bounds_check: bool = False) -> Compiled:
     """Kiln's pipeline for `target` with one thread, then LLVM (in a child process) writes the object to
     `obj_path`, its assembly to `asm_path` and the LLVM IR beside the object (`.ll`). Returns the stages.
     `strategy` "ukernel": MatMul/Conv on the target's hand-written microkernels (kiln/ukernels/aarch64.py,
@@ -150,7 +151,7 @@ def compile_object(model: onnx.ModelProto | str | bytes | os.PathLike, target: s
 
     t = resolve(target)
     c = lower(_load(model), t, 1, check_options(options or {}), stop_after="llvm", strategy=strategy,
-              precision=precision)
+              precision=precision, bounds_check=bounds_check)
     ll_path = os.path.splitext(obj_path)[0] + ".ll"
     with open(ll_path, "w") as f:
         f.write(c.llvm_ir)

@@ -7,7 +7,9 @@
  * SPEC is a text file, one item per line:  weights PATH BYTES | arena BYTES | input PATH BYTES |
  * output PATH BYTES  (inputs and outputs in the model's order). The driver reads the weights and inputs,
  * calls kiln_main REPEAT times (default 1) with one thread and a serial kiln_parallel, writes the outputs,
- * and prints "kiln_main_ns <nanoseconds of the last call>" on stderr. */
+ * and prints "kiln_main_ns <nanoseconds of the last call>" on stderr. A bounds-checked build (kiln/codegen/bounds.py)
+ * exports kiln_bounds_record: if it recorded a violation the driver prints "kiln_bounds_violation <kernel call + 1>
+ * <buffer position> <flat index> <buffer size> <count>" on stderr and exits with 5. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +18,7 @@
 
 typedef void (*worker_fn)(void *ctx, int64_t chunk);
 typedef void (*hook_fn)(int32_t kernel);
+extern int64_t *kiln_bounds_record(void) __attribute__((weak));   /* absent (NULL) unless bounds-checked */
 extern void kiln_main(void **inputs, void **outputs, void *arena, void *weights, int32_t nthreads,
                       hook_fn profile_hook, void *kiln_parallel);
 
@@ -94,5 +97,13 @@ int main(int argc, char **argv) {
         fclose(f);
     }
     fprintf(stderr, "kiln_main_ns %lld\n", ns);
+    if (kiln_bounds_record) {
+        int64_t *rec = kiln_bounds_record();
+        if (rec[0]) {
+            fprintf(stderr, "kiln_bounds_violation %lld %lld %lld %lld %lld\n", (long long)rec[0], (long long)rec[1],
+                    (long long)rec[2], (long long)rec[3], (long long)rec[4]);
+            return 5;
+        }
+    }
     return 0;
 }

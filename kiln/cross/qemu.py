@@ -68,6 +68,10 @@ def run_qemu(binary: CrossBinary, feeds: dict[str, np.ndarray], vlen: int | None
         r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise CrossRunError(f"{' '.join(argv)} timed out after {timeout} s") from None
+    if r.returncode == 5 and "kiln_bounds_violation" in r.stderr:  # driver.c: a bounds-checked build's record
+        call, buf, index, size, count = (int(v) for v in r.stderr.split("kiln_bounds_violation")[1].split()[:5])
+        raise CrossRunError(f"out-of-bounds access in kernel call {call - 1}: buffer {buf}, flat index {index} of "
+                            f"{size} elements ({count} violation(s)) — {' '.join(argv)}")
     if r.returncode != 0:
         raise CrossRunError(f"{' '.join(argv)} exited with {r.returncode}:\n{r.stderr.strip()[-3000:]}")
     outs = [np.fromfile(p, dtype=s.dtype).reshape(s.shape) for p, s in zip(out_paths, binary.outputs)]

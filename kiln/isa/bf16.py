@@ -16,7 +16,8 @@ Rows:
     `dpbf16` off: what an AVX-512 CPU without AVX512_BF16 or AMX runs.
   * vdpbf16ps in Kiln's bf16 microkernel (strategy ukernel, kiln/ukernels/dot.py), compiled alone, its K loop.
   * AArch64 BFMMLA (a 2×4 · 4×2 block per 128-bit register: 16 MACs): Kiln's BFMMLA microkernel's K loop (strategy
-    ukernel; direct emission uses BFDOT, a pair per float32 lane: 8 MACs), cycles through llvm-mca (neoverse-v1).
+    ukernel) and direct emission's tile with its rows in pairs (schedule/mmla.py); BFDOT (a pair per float32
+    lane: 8 MACs), the direct tile with the switch `mmla` off; cycles through llvm-mca (neoverse-v1).
   * FMA fp32 (zmm vfmadd231ps) for scale."""
 from __future__ import annotations
 
@@ -63,22 +64,40 @@ def amx_loop(dtype: str = "bf16") -> tuple[int, int, int]:
 def gemm_loop(dpbf16: bool, size: int = 256) -> tuple[int, int]:
     """(instructions, MACs) of one iteration of the hot K loop of Kiln's bf16 GEMM tile, built for an AVX-512 CPU
     with AVX512_BF16 (vdpbf16ps, or the emulation with `dpbf16` off). MACs: 32 per vdpbf16ps, 16 per vfmadd."""
+    from kiln.target import resolve, with_features
+
+    t = with_features(resolve("avx512"), "avx512bf16", "avx512vl")
+    op, per = ("vdpbf16ps", 32) if dpbf16 else ("vfmadd231ps", 16)
+    return _tile_loop(t, {"dpbf16": dpbf16, "amx": False}, op, per, size)
+
+
+def aarch64_gemm_loop(mmla: bool, size: int = 256) -> tuple[int, int]:
+    """The same for AArch64 NEON with BF16: direct emission's block tile (BFMMLA, 16 MACs: schedule/mmla.py), or with
+    the switch `mmla` off its pair dot product (BFDOT, 8 MACs)."""
+    import dataclasses
+
+    from kiln.target import resolve
+
+    t = dataclasses.replace(resolve("aarch64-neon"), features="+neon,+fp-armv8,+bf16")
+    op, per = ("bfmmla", 16) if mmla else ("bfdot", 8)
+    return _tile_loop(t, {"mmla": mmla}, op, per, size)
+
+
+def _tile_loop(t, options: dict[str, bool], op: str, per: int, size: int) -> tuple[int, int]:  # noqa: ANN001
+    """(instructions, MACs) of the innermost loop with the most `op` of a size³ bf16 GEMM built for target t."""
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
     from kiln.codegen.jit import emit_assembly, optimize
     from kiln.compiler import lower
-    from kiln.target import resolve, with_features
 
-    t = with_features(resolve("avx512"), "avx512bf16", "avx512vl")
     w = numpy_helper.from_array(np.ones((size, size), np.float32), "w")
     g = helper.make_graph([helper.make_node("MatMul", ["a", "w"], ["y"])], "gemm",
                           [helper.make_tensor_value_info("a", TensorProto.FLOAT, [size, size])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [size, size])], [w])
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    low = lower(model, t, 1, {"dpbf16": dpbf16, "amx": False}, precision="bf16", stop_after="llvm")
+    low = lower(model, t, 1, options, precision="bf16", stop_after="llvm")
     asm = emit_assembly(optimize(low.llvm_ir, t), t)
-    op, per = ("vdpbf16ps", 32) if dpbf16 else ("vfmadd231ps", 16)
     loops = [lp for lines in functions(asm).values() for lp in innermost_loops(lines)]
     loop = max(loops, key=lambda lp: sum(m == op for m, _ in lp.instructions()))
     insns = loop.instructions()
@@ -120,6 +139,7 @@ def table() -> list[Row]:
     dp, emu = gemm_loop(True), gemm_loop(False)
     uk_dp = ukernel_loop("dpbf16_512", "avx512", "+avx512bf16,+avx512vl", "vdpbf16ps")
     uk_mm = ukernel_loop("bfmmla", "aarch64-neon", "+bf16", "bfmmla")
+    a_mm, a_dot = aarch64_gemm_loop(True), aarch64_gemm_loop(False)
     x86, a64 = "x86_64-unknown-linux-gnu", "aarch64-unknown-linux-gnu"
     return [
         Row("tdpbf16ps", "AMX-BF16", 16 * 16 * 32, n / macs, AMX_CYCLES_PER_PRODUCT,
@@ -136,7 +156,14 @@ def table() -> list[Row]:
         Row("bfmmla", "AArch64 BF16", 2 * 2 * 4, uk_mm[0] / (16 * uk_mm[1]),
             _mca("bfmmla v{i}.4s, v30.8h, v31.8h", a64, "neoverse-v1", "+bf16"),
             f"Kiln's BFMMLA microkernel (strategy ukernel) K loop: {uk_mm[0]} instructions, {uk_mm[1]} bfmmla; "
-            "llvm-mca neoverse-v1 (direct emission: bfdot, 8 MACs)"),
+            "llvm-mca neoverse-v1"),
+        Row("bfmmla (direct)", "AArch64 BF16", 2 * 2 * 4, a_mm[0] / a_mm[1],
+            _mca("bfmmla v{i}.4s, v30.8h, v31.8h", a64, "neoverse-v1", "+bf16"),
+            f"Kiln's register tile, rows in pairs (direct emission) K loop: {a_mm[0]} instructions, "
+            f"{a_mm[1] // 16} bfmmla"),
+        Row("bfdot (direct, mmla off)", "AArch64 BF16", 4 * 2, a_dot[0] / a_dot[1],
+            _mca("bfdot v{i}.4s, v30.8h, v31.8h", a64, "neoverse-v1", "+bf16"),
+            f"Kiln's register tile with the switch mmla off: {a_dot[0]} instructions, {a_dot[1] // 8} bfdot"),
         Row("vfmadd231ps zmm", "AVX-512 fp32", 16, None,
             _mca("vfmadd231ps %zmm30, %zmm31, %zmm{i}", x86, "sapphirerapids"), "llvm-mca sapphirerapids"),
     ]

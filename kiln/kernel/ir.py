@@ -224,54 +224,7 @@ class Addr(Expr):
         return f"&{self.buf}[{', '.join(map(repr, self.index))}]"
 
 
-def _grouped_sum(acc: Expr, a: Load, b: Load, group: int, product: Any) -> Expr:
-    """acc + Σ_{q<group} product(a[.., i + q], b[.., j + q]): a dot-product node's value in plain arithmetic."""
-    out = acc
-    for q in range(group):
-        x, y = (Load(v.buf, v.index[:-1] + (v.index[-1] + q,), v.dtype) for v in (a, b))
-        out = out + product(x, y)
-    return out
-
-
-@dataclass(frozen=True, repr=False)
-class Dot4(Expr):
-    """acc + Σ_{q<4} a[q]·b[q] in int32 lanes — the 8-bit dot product of x86 `vpdpbusd`, Arm SDOT/USDOT and RVV's
-    widening multiply-adds. `a` and `b` are Loads of the first of 4 consecutive bytes (byte q is their last index
-    + q); a is uint8 or int8, b int8. In a vector loop `a` is uniform (one 32-bit broadcast) and lane i of `b`
-    reads the 4 bytes at its index + 4·i (weights packed [K/4][N][4]). kiln/codegen/int8.py emits it."""
-    acc: Expr
-    a: Load
-    b: Load
-    dtype: str = field(init=False, default="int32")
-
-    def expand(self) -> Expr:
-        """The same value in plain integer arithmetic (scalar code, and targets without a dot product)."""
-        return _grouped_sum(self.acc, self.a, self.b, 4, lambda a, b: Cast("int32", a) * Cast("int32", b))
-
-    def __repr__(self) -> str:
-        return f"dot4({self.acc!r}, {self.a!r}, {self.b!r})"
-
-
-@dataclass(frozen=True, repr=False)
-class Dot2(Expr):
-    """acc + Σ_{q<2} a[q]·b[q] in float32 lanes from bfloat16 pairs — x86 AVX512_BF16 `vdpbf16ps`. Like `Dot4`:
-    `a` and `b` are bfloat16 Loads of the first of 2 consecutive values (value q is their last index + q); in a
-    vector loop `a` is uniform (one 32-bit broadcast of the pair) and lane i of `b` reads the pair at its index
-    + 2·i (weights in VNNI pair order [K/2][N][2], graph/passes/precision.py). kiln/codegen/dpbf16.py emits it."""
-    acc: Expr
-    a: Load
-    b: Load
-    dtype: str = field(init=False, default="float32")
-
-    def expand(self) -> Expr:
-        """The same value in float32 arithmetic (bf16 products are exact in float32): the emulation."""
-        return _grouped_sum(self.acc, self.a, self.b, 2, lambda a, b: a * b)
-
-    def __repr__(self) -> str:
-        return f"dot2({self.acc!r}, {self.a!r}, {self.b!r})"
-
-
-def _cache_hash(cls: type) -> None:
+def cache_hash(cls: type) -> None:
     """Memoize a frozen dataclass's hash and text: expressions are trees hashed over and over (dict keys in
     substitute, walk, the codegen's caches), and printed whole (a kernel's text is its identity: codegen/module.py
     kernel_key) — with shared subtrees, a run-time extent's decode in every index of a dynamic kernel. The generated
@@ -289,8 +242,8 @@ def _cache_hash(cls: type) -> None:
     cls.__getstate__ = lambda self: {k: v for k, v in self.__dict__.items() if k not in ("_hash", "_repr")}
 
 
-for _cls in (Const, Var, Sym, Load, Bin, Un, Select, Cast, LocalRef, Reduce, Addr, Dot4, Dot2):
-    _cache_hash(_cls)
+for _cls in (Const, Var, Sym, Load, Bin, Un, Select, Cast, LocalRef, Reduce, Addr):
+    cache_hash(_cls)
 
 
 def is_float(dtype: str) -> bool:

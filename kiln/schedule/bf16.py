@@ -52,4 +52,7 @@ def schedule_dpbf16(k: Kernel, c: Compute, tag: str, target: Target, threads: in
         return None
     if c.hints["nr"] % min(dpbf16_widths(target)):
         return None
-    return dot_tile(c, tag, target, threads if options.get("parallel", True) else 1, bf16_form, dec)
+    nest, block = dot_tile(c, tag, target, threads if options.get("parallel", True) else 1, bf16_form, dec,
+                           options.get("mmla", True))
+    k.precision[str(c.hints.get("node", c.out))] = block or ("bfdot" if target.arch == "aarch64" else "avx512bf16")
+    return nest

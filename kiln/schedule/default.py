@@ -83,9 +83,8 @@ def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: i
             k.precision[node] = "bfmmla" if target.arch == "aarch64" else "avx512bf16"
             k.strategies[node] = "ukernel"
             return nest
-        nest = schedule_dpbf16(k, c, tag, target, threads, options, dec)  # else vdpbf16ps / bfdot where it has it
+        nest = schedule_dpbf16(k, c, tag, target, threads, options, dec)  # else vdpbf16ps / bfdot / bfmmla
         if nest is not None:
-            k.precision[node] = "bfdot" if target.arch == "aarch64" else "avx512bf16"
             k.strategies[node] = f"direct (ukernel not available: {why})" if why else "direct"
             return nest
         k.precision[node] = "emulated"

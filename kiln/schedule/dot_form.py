@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kiln.kernel.ir import Bin, Cast, Compute, Const, Dot2, Dot4, Expr, Load, Reduce, Var, walk
+from kiln.kernel.dot import Dot2, Dot4
+from kiln.kernel.ir import Bin, Cast, Compute, Const, Expr, Load, Reduce, Var, walk
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from kiln.codegen.mmla import mmla_method
 from kiln.kernel.ir import (
     Assign,
     Bin,
@@ -58,6 +59,7 @@ from kiln.schedule.amx import schedule_amx
 from kiln.schedule.config import Decisions
 from kiln.schedule.dot_form import DotForm, int8_form
 from kiln.schedule.dot_ukernel import chosen_dot_ukernel
+from kiln.schedule.mmla import mmla_rows, mmla_tile, most_mmla_rows
 from kiln.schedule.tile import flatten_rows, rename_tile, simplify_panels, substitute_all
 from kiln.schedule.tile_shape import pick_mr
 from kiln.target import Target
@@ -65,26 +67,31 @@ from kiln.target import Target
 UNROLL_DOTS = 256  # a blocked conv's k-groups unrolled while the tile does at most this many dot products per step
 
 
-def choose_dot_tile(c: Compute, target: Target, dec: Decisions | None = None) -> tuple[int, bool]:
+def choose_dot_tile(c: Compute, target: Target, dec: Decisions | None = None, pairs: bool = False
+                    ) -> tuple[int, bool]:
     """(MR, flatten_rows): rows as the float tile's — the registers left beside MR·NR/lanes accumulators and the
-    NR/lanes weight vectors of a step (AVX-512 NR = 32: 14 rows; AVX2 NR = 16: 6). Knobs (schedule/config.py):
+    NR/lanes weight vectors of a step (AVX-512 NR = 32: 14 rows; AVX2 NR = 16: 6); with `pairs` (the 2×2-block
+    tile, schedule/mmla.py) an even count, beside the row pairs and zipped column pairs. Knobs (schedule/config.py):
     `flat_rows` (a conv's output rows merged into one pixel axis, where it has several) and `mr` (1 … the most rows
-    the registers hold); the heuristic picks the one of the two row counts that wastes least, default."""
+    the registers hold; even ones with pairs); the heuristic picks the one of the two row counts that wastes least,
+    default."""
     dec = dec if dec is not None else Decisions()
     lanes, regs = target.lanes(32), target.vector_registers
     nvec = max(1, c.hints["nr"] // lanes)
-    most = max(1, (regs - nvec - 2) // nvec)
+    most = most_mmla_rows(c.hints["nr"], lanes, regs) if pairs else max(1, (regs - nvec - 2) // nvec)
+    pick = (lambda m, most_: mmla_rows(m, most_, pick_mr)) if pairs else pick_mr
     m_axis = c.hints["m_axis"] % len(c.axes)
-    mr = pick_mr(c.extents[m_axis], most)
+    mr = pick(c.extents[m_axis], most)
     spatial = tuple(a % len(c.axes) for a in c.hints.get("spatial", ()))
     flat, rows = False, c.extents[m_axis]
     if spatial and m_axis == spatial[1] and c.extents[spatial[0]] > 1:
         pixels = c.extents[spatial[0]] * c.extents[spatial[1]]
-        flat_mr = pick_mr(pixels, most)
+        flat_mr = pick(pixels, most)
         flat = bool(dec.knob("flat_rows", flat_mr > mr, (False, True)))
         if flat:
             mr, rows = flat_mr, pixels
-    mr = int(dec.knob("mr", mr, range(1, min(most, rows) + 1)))
+    first = 2 if pairs else 1
+    mr = int(dec.knob("mr", mr, range(first, max(first, min(most, rows)) + 1, first)))
     return mr, flat
 
 
@@ -114,16 +121,26 @@ def schedule_int8(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
         why = (f"no integer GEMM for {form.a.dtype} activations in {strategy} (library:onednn has u8 and "
                "s8, library:mkl u8)")
     k.strategies[node] = f"direct ({strategy} not available: {why})" if why else "direct"
-    return dot_tile(c, tag, target, threads, int8_form, dec)
+    nest, block = dot_tile(c, tag, target, threads, int8_form, dec, options.get("mmla", True))
+    if block:
+        k.precision[node] = block
+    return nest
 
 
-def dot_tile(c: Compute, tag: str, target: Target, threads: int,
-             form_of: Callable[[Compute], DotForm | None], dec: Decisions | None = None) -> list[Stmt]:
-    """The register tile of the module docstring, for any dot-product form (`form_of`: int8_form, bf16_form).
-    Knobs: `flat_rows` and `mr` (choose_dot_tile); `tile_order` — "rows" (consecutive work items share a weight
-    panel: the default) or "panels" (they share the A rows)."""
+def dot_tile(c: Compute, tag: str, target: Target, threads: int, form_of: Callable[[Compute], DotForm | None],
+             dec: Decisions | None = None, mmla: bool = True) -> tuple[list[Stmt], str | None]:
+    """The register tile of the module docstring, for any dot-product form (`form_of`: int8_form, bf16_form), and
+    the block instruction it runs on ("smmla" / "bfmmla": schedule/mmla.py, where the target has one, the switch
+    `mmla` is on and the tile has two rows) or None. Knobs: `mmla` (the block tile or the dot-product one), `flat_rows`
+    and `mr` (choose_dot_tile); `tile_order` — "rows" (consecutive work items share a weight panel: the default) or
+    "panels" (they share the A rows)."""
     dec = dec if dec is not None else Decisions()
-    mr, flat = choose_dot_tile(c, target, dec)
+    method = mmla_method(target, form_of(c).a.dtype) if mmla else None  # type: ignore[union-attr]
+    rows_or_pixels = c.extents[c.hints["m_axis"] % len(c.axes)] * \
+        int(np.prod([c.extents[a % len(c.axes)] for a in c.hints.get("spatial", ())[:1]]))
+    pairs = method is not None and c.hints["nr"] % 4 == 0 and rows_or_pixels >= 2 and \
+        bool(dec.knob("mmla", True, (False, True)))
+    mr, flat = choose_dot_tile(c, target, dec, pairs)
     rows_fastest = dec.knob("tile_order", "rows", ("rows", "panels")) == "rows"
     if flat:
         c = flatten_rows(c)
@@ -183,8 +200,14 @@ def dot_tile(c: Compute, tag: str, target: Target, threads: int,
         return Loop(ni, n_ext, [Local(acc, acc_dtype, Const(0, acc_dtype), mr), *update,
                                 Loop(mi, Const(mr, "int64"), [store], "unroll")], "vector", nr, masked=True)
 
+    if pairs:  # the 2×2-block tile (SMMLA / BFMMLA): the same loops around another step and epilogue
+        def tile(edge: bool) -> Loop:  # noqa: F811
+            unroll = K4 * mr * lanes <= UNROLL_DOTS and len(form.red.axes) > 1
+            inner = mmla_tile(c, form, m_v, n_v, lambda r: mo * mr + r, n_expr, ni, M, mr, nr, acc, unroll, edge)
+            return Loop(ni, n_ext, inner, "vector", nr, masked=True)
+
     body: list[Stmt] = [tile(False)]
     if M % mr:
         body = [If(cmp("<=", mo * mr + mr, Const(M, "int64")), body, [tile(True)])]
     kind = "parallel" if threads > 1 and total > 1 else "serial"
-    return [Loop(flat_v, Const(total, "int64"), rename_tile(body, decode), kind)]
+    return [Loop(flat_v, Const(total, "int64"), rename_tile(body, decode), kind)], method if pairs else None
