@@ -18,16 +18,22 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-from kiln.cachedir import atomic_path
+from kiln.cachedir import atomic_path, cache_dir, compiler_fingerprint
 from kiln.graph.ir import Graph, Node, Value
 from kiln.strategy import LIBRARIES, strategy_of
 from kiln.target import Target, host
 
 RUNS = 7            # timed runs per candidate (after 2 warm-up runs)
 MIN_SECONDS = 0.02  # …or more, until this much time has been spent
+
+# compiles a graph for the target, threads and options of the compile that asked, and loads it (an Executable);
+# handed in by kiln.compiler, which sits above this module
+Build = Callable[[Graph], Any]
 
 
 def candidates(target: Target) -> list[str]:
@@ -69,14 +75,10 @@ def single_node_graph(n: Node, strategy: str) -> Graph:
     return Graph(inputs, list(node.outputs), [node], name=f"auto_{n.op}", output_names=[v.name for v in node.outputs])
 
 
-def time_strategy(n: Node, strategy: str, target: Target, threads: int, options: dict[str, bool]
-                  ) -> tuple[float, str]:
+def time_strategy(n: Node, strategy: str, build: Build) -> tuple[float, str]:
     """Median seconds of one run of the node built with `strategy`, and how it was actually built (a strategy
     that does not apply falls back to direct)."""
-    from kiln.compiler import executable_of, lower_graph
-
-    c = lower_graph(single_node_graph(n, strategy), target, threads, options)
-    exe = executable_of(c, target, threads)
+    exe = build(single_node_graph(n, strategy))
     rng = np.random.default_rng(0)
     feeds = {s.name: rng.standard_normal(s.shape).astype(s.dtype) for s in exe.inputs}
     for _ in range(2):
@@ -94,16 +96,14 @@ def time_strategy(n: Node, strategy: str, target: Target, threads: int, options:
 
 
 def _decisions_path(key: str) -> str:
-    from kiln.compiler import cache_dir
     d = os.path.join(cache_dir(), "auto")
     os.makedirs(d, exist_ok=True)
     return os.path.join(d, key + ".json")
 
 
-def choose(n: Node, target: Target, threads: int, options: dict[str, bool]) -> dict:
-    """{"best": strategy, "times": {strategy: seconds}} for one node, from the cache or measured."""
-    from kiln.compiler import compiler_fingerprint
-
+def choose(n: Node, target: Target, threads: int, options: dict[str, bool], build: Build) -> dict:
+    """{"best": strategy, "times": {strategy: seconds}} for one node, from the cache or measured (each candidate
+    compiled by `build`)."""
     key = hashlib.sha256(json.dumps([signature(n), target.key, threads, sorted(options.items()),
                                      compiler_fingerprint()]).encode()).hexdigest()[:32]
     path = _decisions_path(key)
@@ -115,7 +115,7 @@ def choose(n: Node, target: Target, threads: int, options: dict[str, bool]) -> d
             pass
     times: dict[str, float] = {}
     for s in candidates(target):
-        sec, built = time_strategy(n, s, target, threads, options)
+        sec, built = time_strategy(n, s, build)
         if built == s:  # a fallback would only re-measure direct
             times[s] = sec
     decision = {"best": min(times, key=times.__getitem__), "times": times}
@@ -124,11 +124,11 @@ def choose(n: Node, target: Target, threads: int, options: dict[str, bool]) -> d
     return decision
 
 
-def choose_strategies(g: Graph, target: Target, threads: int, options: dict[str, bool]) -> Graph:
+def choose_strategies(g: Graph, target: Target, threads: int, options: dict[str, bool], build: Build) -> Graph:
     if target.triple != host().triple:
         raise ValueError(f"strategy='auto' measures on the machine it compiles on; target {target.name} is not "
                          "this host — pick a strategy explicitly")
     for n in g.nodes:
         if strategy_of(n.attrs) == "auto":
-            n.attrs["strategy"] = choose(n, target, threads, options)["best"]
+            n.attrs["strategy"] = choose(n, target, threads, options, build)["best"]
     return g

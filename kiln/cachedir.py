@@ -3,6 +3,8 @@ the executables Kiln saves) are written: under a temporary name, renamed over th
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import os
 import threading
 from collections.abc import Iterator
@@ -27,3 +29,18 @@ def atomic_path(path: str) -> Iterator[str]:
     finally:
         with contextlib.suppress(OSError):
             os.remove(tmp)
+
+
+@functools.cache
+def compiler_fingerprint() -> str:
+    """A hash of the compiler's own source: a changed Kiln never serves code an older Kiln compiled."""
+    root = os.path.dirname(os.path.abspath(__file__))
+    h = hashlib.sha256()
+    for sub in ("frontend", "graph", "kernel", "schedule", "codegen", "runtime", "ukernels", "library", "tune", ""):
+        d = os.path.join(root, sub)
+        for dirpath, _, files in sorted(os.walk(d)) if sub else [(root, None, sorted(os.listdir(root)))]:
+            for f in sorted(files):
+                if f.endswith(".py"):
+                    with open(os.path.join(dirpath, f), "rb") as fh:
+                        h.update(f.encode() + fh.read())
+    return h.hexdigest()[:16]

@@ -3,7 +3,6 @@ Lower.cpp): every stage can be printed between any two passes (`kiln explain`)."
 from __future__ import annotations
 
 import contextlib
-import functools
 import gc
 import hashlib
 import json
@@ -16,7 +15,7 @@ from typing import Any
 
 import onnx
 
-from kiln.cachedir import cache_dir
+from kiln.cachedir import cache_dir, compiler_fingerprint
 from kiln.errors import TargetError
 from kiln.frontend.torch.importer import AtenProgram
 from kiln.graph.ir import Graph
@@ -107,7 +106,8 @@ def lower(model: onnx.ModelProto | str | bytes | AtenProgram, target: Target, nu
     graph = assign_precision(graph, precision)                               #    fp32/bf16 per anchor
     if any(n.attrs.get("strategy") == "auto" for n in graph.nodes):          #    auto: measured on the target
         from kiln.autostrategy import choose_strategies
-        graph = choose_strategies(graph, target, num_threads, options)
+        graph = choose_strategies(graph, target, num_threads, options, lambda one: executable_of(
+            lower_graph(one, target, num_threads, options), target, num_threads))
     if trace:
         trace("import", graph)
     return lower_graph(graph, target, num_threads, options, trace, stop_after, bounds_check, t0, tuning, jobs)
@@ -196,21 +196,6 @@ def check_dynamic_arena(arena_bytes: int, dims: Any) -> None:
         raise ModelError(f"at its upper bounds {dims.bounds} the model needs {arena_bytes / 2**30:.1f} GiB of "
                          f"activations (more than {MAX_DYNAMIC_ARENA >> 30} GiB): pass dynamic_bounds= with smaller "
                          f"upper bounds, or input_shapes=")
-
-
-@functools.cache
-def compiler_fingerprint() -> str:
-    """A hash of the compiler's own source: a changed Kiln never serves code an older Kiln compiled."""
-    root = os.path.dirname(os.path.abspath(__file__))
-    h = hashlib.sha256()
-    for sub in ("frontend", "graph", "kernel", "schedule", "codegen", "runtime", "ukernels", "library", "tune", ""):
-        d = os.path.join(root, sub)
-        for dirpath, _, files in sorted(os.walk(d)) if sub else [(root, None, sorted(os.listdir(root)))]:
-            for f in sorted(files):
-                if f.endswith(".py"):
-                    with open(os.path.join(dirpath, f), "rb") as fh:
-                        h.update(f.encode() + fh.read())
-    return h.hexdigest()[:16]
 
 
 HASHED_TENSOR_BYTES = 1 << 16  # initializers this large enter the cache key as their SHA-1

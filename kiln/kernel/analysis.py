@@ -221,3 +221,22 @@ def unclamped_index(e: Select) -> tuple[Expr, ...] | None:
         else:
             index.append(i)
     return tuple(index)
+
+
+def simplify_panels(e: Expr, ni: Var, nr: int) -> Expr:
+    """(x·NR + ni) // NR → x and (x·NR + ni) % NR → ni, valid because 0 ≤ ni < NR (a lane of the tile).
+    This is what makes a packed panel load Bp[j // NR, k, j % NR] a plain contiguous vector load."""
+    memo: dict[Expr, Expr] = {}
+
+    def go(x: Expr) -> Expr:
+        if x in memo:
+            return memo[x]
+        kids = children(x)
+        y = rebuild(x, [go(k) for k in kids]) if kids else x
+        if isinstance(y, Bin) and y.op in ("//", "%") and y.b == Const(nr, "int64") and isinstance(y.a, Bin) \
+                and y.a.op == "+" and y.a.b == ni and isinstance(y.a.a, Bin) and y.a.a.op == "*" \
+                and y.a.a.b == Const(nr, "int64"):
+            y = y.a.a.a if y.op == "//" else ni
+        memo[x] = y
+        return y
+    return go(e)

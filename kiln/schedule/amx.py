@@ -58,7 +58,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kiln.kernel.analysis import coef, flat_index
+from kiln.kernel.analysis import coef, flat_index, simplify_panels
 from kiln.kernel.ir import (
     Addr,
     Alloc,
@@ -86,7 +86,7 @@ from kiln.kernel.ir import (
 )
 from kiln.runtime.amx import usable
 from kiln.schedule.primitives import rename
-from kiln.schedule.tile import flatten_rows, simplify_panels
+from kiln.schedule.tile import flatten_rows
 from kiln.schedule.ukernel import _eval_index, merge_channel_blocks
 from kiln.target import Target
 from kiln.ukernels.amx import RELEASE, amx_kernel, config_ir, config_name, release_ir

@@ -376,7 +376,12 @@ def schedule_by_strategy(k: Kernel, c: Compute, tag: str, target: Target, thread
         from kiln.schedule.ukernel import schedule_ukernel
         return schedule_ukernel(k, c, tag, target, threads, options, dec)
     from kiln.schedule.library import schedule_library
-    return schedule_library(k, c, tag, target, threads, options, strategy)
+    lib = schedule_library(k, c, tag, threads, options, strategy)
+    if lib is None:
+        return None
+    pre = [s for i, p in enumerate(lib.pre) for s in schedule_compute(k, p, f"{tag}l{i}", target, threads, options)]
+    post = [s for i, p in enumerate(lib.post) for s in schedule_compute(k, p, f"{tag}e{i}", target, threads, options)]
+    return [*pre, *lib.calls, *post]
 
 
 def _innermost_reduction(body: list[Stmt]) -> Loop | None:

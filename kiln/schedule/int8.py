@@ -37,6 +37,7 @@ from collections.abc import Callable
 import numpy as np
 
 from kiln.codegen.mmla import mmla_method
+from kiln.kernel.analysis import simplify_panels
 from kiln.kernel.ir import (
     Assign,
     Bin,
@@ -60,7 +61,7 @@ from kiln.schedule.config import Decisions
 from kiln.schedule.dot_form import DotForm, int8_form
 from kiln.schedule.dot_ukernel import chosen_dot_ukernel
 from kiln.schedule.mmla import mmla_rows, mmla_tile, most_mmla_rows
-from kiln.schedule.tile import flatten_rows, rename_tile, simplify_panels, substitute_all
+from kiln.schedule.tile import flatten_rows, rename_tile, substitute_all
 from kiln.schedule.tile_shape import pick_mr
 from kiln.target import Target
 

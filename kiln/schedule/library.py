@@ -70,7 +70,6 @@ from kiln.kernel.ir import (
     walk,
 )
 from kiln.library import library_of, require
-from kiln.target import Target
 
 log = logging.getLogger("kiln.library")
 Axis = tuple[Var, int]
@@ -231,11 +230,14 @@ def _matrix(k: Kernel, op: Operand, batch: list[Axis], rows: list[Axis], cols: l
     return op, fit
 
 
-def _scheduled(k: Kernel, comps: list[Compute], tag: str, target: Target, threads: int,
-               options: dict[str, bool]) -> list[Stmt]:
-    """The copies before a call, or the epilogue passes after it, scheduled as any compute (tags tag0, tag1, …)."""
-    from kiln.schedule.default import schedule_compute
-    return [s for i, p in enumerate(comps) for s in schedule_compute(k, p, f"{tag}{i}", target, threads, options)]
+@dataclass
+class LibraryNest:
+    """An anchor on a library: the copies that make its operands strided matrices (`pre`), the calls, and the
+    epilogue as its own pass over C (`post`) — computes the caller schedules as any other (schedule/default.py:
+    schedule_by_strategy, tags <tag>l0…, <tag>e0…), so this module does not import the default schedule."""
+    pre: list[Compute]
+    calls: list[Stmt]
+    post: list[Compute]
 
 
 def _at_origin(op: Operand, zero: list[Axis]) -> Addr:
@@ -244,8 +246,8 @@ def _at_origin(op: Operand, zero: list[Axis]) -> Addr:
     return Addr(op.buf, tuple(substitute(i, z) for i in op.index))
 
 
-def schedule_library(k: Kernel, c: Compute, tag: str, target: Target, threads: int, options: dict[str, bool],
-                     strategy: str) -> list[Stmt] | None:
+def schedule_library(k: Kernel, c: Compute, tag: str, threads: int, options: dict[str, bool],
+                     strategy: str) -> LibraryNest | None:
     """The call sequence of the anchor `c` on the library `strategy` names, or None (→ direct) where no
     library call builds it. Raises kiln.library.LibraryUnavailable when that library is not installed."""
 
@@ -256,7 +258,7 @@ def schedule_library(k: Kernel, c: Compute, tag: str, target: Target, threads: i
         g = match_gemm(k, c)
         dtypes = integer_product(g.reduce.body)
         if dtypes is not None:
-            return _integer(k, c, g, lib, name, dtypes, tag, target, threads, options)
+            return _integer(k, c, g, lib, name, dtypes, tag)
     except NotApplicable as e:
         log.info("node %s: library:%s does not apply, emitted directly: %s", node, name, e)
         return None
@@ -283,15 +285,13 @@ def schedule_library(k: Kernel, c: Compute, tag: str, target: Target, threads: i
     if call.fn not in k.symbols:
         k.symbols.append(call.fn)
     k.strategies[node] = f"library:{name}"
-    body = [*_scheduled(k, pre, f"{tag}l", target, threads, options), *nest,
-            *_scheduled(k, post, f"{tag}e", target, threads, options)]
     log.debug("node %s: library:%s, %d call(s) of sgemm M=%d N=%d K=%d, %d copy-in, epilogue %s", node, name,
               _size(g.batch), _size(g.m), _size(g.n), _size(g.k), len(pre), "separate" if post else "none")
-    return body
+    return LibraryNest(pre, nest, post)
 
 
-def _integer(k: Kernel, c: Compute, g: Gemm, lib: object, name: str, dtypes: tuple[str, str], tag: str,
-             target: Target, threads: int, options: dict[str, bool]) -> list[Stmt]:
+def _integer(k: Kernel, c: Compute, g: Gemm, lib: object, name: str, dtypes: tuple[str, str], tag: str
+             ) -> LibraryNest:
     """An integer anchor on the library's integer GEMM, which multiplies the activation (u8 / s8, its A) by the s8
     weights (its B): a GEMM as it is, an NCHW conv — out[co, p] = W[co, k] · col[k, p], the weights on the left —
     as the transposed product outᵀ[p, co] = colᵀ · Wᵀ (im2col written as colᵀ, W read through the transpose flag);
@@ -327,8 +327,7 @@ def _integer(k: Kernel, c: Compute, g: Gemm, lib: object, name: str, dtypes: tup
     k.strategies[c.hints.get("node", c.out)] = f"library:{name}"
     epilogue = Compute(c.out, c.axes, c.extents, substitute(c.body, {g.reduce: Load(acc.name, index, "int32")}),
                        c.store)
-    return [*_scheduled(k, pre, f"{tag}l", target, threads, options), Store(co.name, (ZERO,), Const(0, "int32")),
-            *nest, *_scheduled(k, [epilogue], f"{tag}e", target, threads, options)]
+    return LibraryNest(pre, [Store(co.name, (ZERO,), Const(0, "int32")), *nest], [epilogue])
 
 
 def _flat(stmts: list[Stmt]) -> list[Stmt]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from kiln.kernel.analysis import simplify_panels
 from kiln.kernel.dot import Mmla, MmlaRow
 from kiln.kernel.ir import (
     Assign,
@@ -43,7 +44,7 @@ from kiln.kernel.ir import (
     substitute,
 )
 from kiln.schedule.dot_form import DotForm
-from kiln.schedule.tile import simplify_panels, substitute_all
+from kiln.schedule.tile import substitute_all
 
 
 def mmla_rows(extent_rows: int, most: int, pick: Callable[[int, int], int]) -> int:

@@ -14,10 +14,10 @@ one contiguous store (codegen/transpose.py). The default schedule would vectoriz
 a gather (or scatter) of cb-strided lanes per vector."""
 from __future__ import annotations
 
+from kiln.kernel.analysis import simplify_panels
 from kiln.kernel.ir import Compute, Const, Expr, Loop, Stmt, Store, Var, substitute
 from kiln.schedule.primitives import fuse
 from kiln.schedule.ranges import drop_decided
-from kiln.schedule.tile import simplify_panels
 from kiln.target import Target
 
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kiln.kernel.analysis import coef, flat_index
+from kiln.kernel.analysis import coef, flat_index, simplify_panels
 from kiln.kernel.ir import (
     Addr,
     Alloc,
@@ -52,7 +52,6 @@ from kiln.kernel.ir import (
     substitute,
     uses_var,
 )
-from kiln.schedule.tile import simplify_panels
 from kiln.target import Target
 from kiln.ukernels import UKernel, rows_ukernel_for
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from kiln.kernel.analysis import simplify_panels
 from kiln.kernel.ir import (
     Assign,
     Bin,
@@ -42,13 +43,11 @@ from kiln.kernel.ir import (
     Store,
     Var,
     as_extent,
-    children,
     cmp,
     hint,
     init_value,
     is_symbolic,
     minimum,
-    rebuild,
     substitute,
     walk,
 )
@@ -456,25 +455,6 @@ def _decode(flat: Var, names: list[Var], extents: list,
 
 def _ceil_div(n: Expr | int, d: int) -> Expr | int:
     return (n + (d - 1)) // d if is_symbolic(n) else -(-n // d)
-
-
-def simplify_panels(e: Expr, ni: Var, nr: int) -> Expr:
-    """(x·NR + ni) // NR → x and (x·NR + ni) % NR → ni, valid because 0 ≤ ni < NR (a lane of the tile).
-    This is what makes a packed panel load Bp[j // NR, k, j % NR] a plain contiguous vector load."""
-    memo: dict[Expr, Expr] = {}
-
-    def go(x: Expr) -> Expr:
-        if x in memo:
-            return memo[x]
-        kids = children(x)
-        y = rebuild(x, [go(k) for k in kids]) if kids else x
-        if isinstance(y, Bin) and y.op in ("//", "%") and y.b == Const(nr, "int64") and isinstance(y.a, Bin) \
-                and y.a.op == "+" and y.a.b == ni and isinstance(y.a.a, Bin) and y.a.a.op == "*" \
-                and y.a.a.b == Const(nr, "int64"):
-            y = y.a.a.a if y.op == "//" else ni
-        memo[x] = y
-        return y
-    return go(e)
 
 
 def substitute_all(index: tuple[Expr, ...], mapping: dict[Expr, Expr]) -> tuple[Expr, ...]:

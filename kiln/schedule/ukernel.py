@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kiln.kernel.analysis import coef, flat_index
+from kiln.kernel.analysis import coef, flat_index, simplify_panels
 from kiln.kernel.ir import (
     Addr,
     Alloc,
@@ -86,7 +86,7 @@ from kiln.kernel.ir import (
 )
 from kiln.schedule.config import Decisions, powers_of_two
 from kiln.schedule.primitives import rename
-from kiln.schedule.tile import flatten_rows, simplify_panels
+from kiln.schedule.tile import flatten_rows
 from kiln.schedule.tile_shape import pick_mr
 from kiln.target import Target
 from kiln.ukernels import UKernel, narrow_cols, pack_kernel_for, ukernel_for
