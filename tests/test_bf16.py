@@ -486,6 +486,34 @@ def test_bf16_ukernel(width: str, shape: tuple[int, ...]) -> None:
         assert built == {"matmul_node": f"direct (ukernel not available: {why})"}, built
 
 
+def test_bf16_gemm_tiles_on_sve_under_qemu(tmp_path) -> None:  # noqa: ANN001
+    """An SVE target with BF16 runs a bf16 GEMM's packed tile in NEON registers (a fixed-width loop of the scalable
+    build): BFMMLA, BFDOT with the switch mmla off, the BFMMLA microkernel under strategy="ukernel" — each against the
+    emulation (switch dpbf16 off) within float32 summation order, at VL 256 under qemu."""
+    import dataclasses
+
+    import kiln.cross as kc
+    from kiln import zoo
+    from kiln.cross import have_toolchain
+
+    if have_toolchain("aarch64"):
+        pytest.skip(have_toolchain("aarch64"))
+    base = resolve("aarch64-sve")
+    t = dataclasses.replace(base, features=base.features + ",+bf16")
+    model, feeds = zoo.build("gemm_odd"), zoo.inputs("gemm_odd")
+    builds = {"direct": ("direct", None, "bfmmla"), "bfdot": ("direct", {"mmla": False}, "bfdot"),
+              "ukernel": ("ukernel", None, "bfmmla"), "emulated": ("direct", {"dpbf16": False}, None)}
+    out = {}
+    for label, (strategy, options, instr) in builds.items():
+        b = kc.build_binary(model, t, str(tmp_path / label), strategy=strategy, options=options, precision="bf16")
+        out[label] = kc.run_qemu(b, feeds, vlen=256)[0][0]
+        asm = (tmp_path / label / "model.s").read_text()
+        assert [i for i in ("bfmmla", "bfdot") if i in asm] == ([instr] if instr else []), label
+    scale = np.abs(out["emulated"]).max()
+    for label in ("direct", "bfdot", "ukernel"):
+        assert np.abs(out[label] - out["emulated"]).max() <= 1e-5 * scale, label
+
+
 @pytest.mark.parametrize("name", ["gemm_odd", "conv_r50_3x3"])
 def test_bf16_aarch64_under_qemu(tmp_path, name: str) -> None:  # noqa: ANN001
     """AArch64 with BF16: direct emission's tile takes its rows in pairs and runs BFMMLA (2×2 float32 blocks of

@@ -615,6 +615,41 @@ def test_int8_smmla_tile_under_qemu(tmp_path, bounds_check: bool) -> None:  # no
             assert ("smmla" in asm, "sdot" in asm) == ((True, False) if label == "mmla" else (False, not bounds_check))
 
 
+@pytest.mark.parametrize("target", ["aarch64-sve", "aarch64-sme"])
+def test_int8_gemm_tiles_on_scalable_aarch64_under_qemu(tmp_path, target: str) -> None:  # noqa: ANN001
+    """An SVE (or SME) target runs an integer GEMM's packed tile in 128-bit NEON registers — every such CPU has NEON,
+    SVE has no fixed-width dot-product tile of its own here — as a fixed-width loop of the scalable build: SDOT with
+    dotprod, SMMLA with i8mm, the int8 microkernel under strategy="ukernel"; without either, the same tile on widening
+    multiply-adds. Exact against onnxruntime at VL 128 and 512 (the tile does not depend on VL), edges included."""
+    import dataclasses
+
+    import kiln.cross as kc
+    from kiln.cross import have_toolchain
+
+    if have_toolchain("aarch64"):
+        pytest.skip(have_toolchain("aarch64"))
+    base = resolve(target)
+    cases = []
+    for shape, n in (((2, 5, 37), 21), ((7, 64), 24)):
+        a = rand(*shape, lo=-128, hi=127, dtype="int8", seed=8)
+        cases.append(("x".join(map(str, shape)), qlinear_matmul_model(a, n), {"a": a}))
+    builds = [("", "direct", None), (",+dotprod", "direct", "sdot"), (",+dotprod,+i8mm", "direct", "smmla"),
+              (",+dotprod,+i8mm", "ukernel", "smmla")]
+    for extra, strategy, instr in builds:
+        t = dataclasses.replace(base, features=base.features + extra)
+        for name, m, feeds in cases:
+            label = f"{name}-{strategy}{extra.replace(',+', '-')}"
+            b = kc.build_binary(m, t, str(tmp_path / label), strategy=strategy)
+            assert set(b.strategies.values()) == {strategy}, (label, b.strategies)
+            for vlen in (128, 512):
+                outs, _ = kc.run_qemu(b, feeds, vlen=vlen)
+                assert np.array_equal(outs[0], run_ort(m, feeds)[0]), (label, vlen)
+            asm = (tmp_path / label / "model.s").read_text()
+            assert (instr in asm) if instr else not re.search(r"\b(sdot|smmla)\b", asm), label
+            if instr == "smmla":
+                assert "sdot" not in asm, label
+
+
 @pytest.mark.parametrize("features,method", [("+neon,+fp-armv8,+dotprod", "sdot"),
                                             ("+neon,+fp-armv8,+dotprod,+i8mm", "i8mm")])
 def test_int8_ukernel_aarch64_under_qemu(tmp_path, features: str, method: str) -> None:  # noqa: ANN001

@@ -29,11 +29,11 @@ I16, F32 = ir.IntType(16), ir.FloatType()
 
 def dpbf16_widths(target: Target | None) -> tuple[int, ...]:
     """The float32 lane counts of the pair dot products `target` has, widest first: x86 `vdpbf16ps` zmm/ymm/xmm,
-    AArch64 BF16 `bfdot` v.4s (fixed-width NEON); none elsewhere."""
+    AArch64 BF16 `bfdot` v.4s (NEON, on SVE targets too); none elsewhere."""
     if target is None:
         return ()
-    if target.arch == "aarch64":
-        return (4,) if "bf16" in features(target) and not target.scalable else ()
+    if target.arch == "aarch64":  # NEON's, also on an SVE target (the tile is then a fixed-width loop)
+        return (4,) if "bf16" in features(target) else ()
     if target.arch != "x86_64":
         return ()
     f = features(target)
@@ -48,7 +48,7 @@ def dpbf16_widths(target: Target | None) -> tuple[int, ...]:
 def emit_dot2(em, e: Dot2) -> tuple[ir.Value, bool]:  # noqa: ANN001  (em: codegen.exprs.ExprEmitter)
     vec = em.vec
     target = getattr(em, "target", None)
-    if vec is None or type(em).__name__ != "ExprEmitter" or em.bounds is not None:
+    if vec is None or getattr(em, "strip", None) is not None or em.bounds is not None:
         return em.ev(e.expand())
     _, a_dtype, a_flat = em.address(e.a.buf, e.a.index)
     b_ptr, b_dtype, b_flat = em.address(e.b.buf, e.b.index)

@@ -56,16 +56,17 @@ def dot_method(target: Target) -> str:
     if target.arch == "x86_64":
         return ("no VNNI on this target: u8/s8 widened to int16 and multiplied with pmaddwd (exact, no "
                 "saturation; about 18x the instructions per multiply-accumulate of vpdpbusd: python -m kiln.isa.int8)")
-    if target.arch == "aarch64" and "i8mm" in f and not target.scalable:
-        return "smmla (AArch64 i8mm: 2×2 blocks, schedule/mmla.py; sdot on one-row tiles)"
-    if target.arch == "aarch64" and "dotprod" in f and not target.scalable:
-        return "sdot (AArch64 dotprod)"
+    neon = " in 128-bit NEON registers (the SVE target's packed GEMMs)" if target.scalable else ""
+    if target.arch == "aarch64" and "i8mm" in f:
+        return f"smmla (AArch64 i8mm: 2×2 blocks, schedule/mmla.py; sdot on one-row tiles){neon}"
+    if target.arch == "aarch64" and "dotprod" in f:
+        return f"sdot (AArch64 dotprod){neon}"
     return f"no 8-bit dot product on {target.name}: widening multiply-adds (LLVM's choice)"
 
 
 def emit_dot4(em, e: Dot4) -> tuple[ir.Value, bool]:  # noqa: ANN001  (em: codegen.exprs.ExprEmitter)
     vec = em.vec
-    if vec is None or type(em).__name__ != "ExprEmitter":
+    if vec is None or getattr(em, "strip", None) is not None:  # scalar, or a scalable strip: plain arithmetic
         return em.ev(e.expand())
     _, _, a_flat = em.address(e.a.buf, e.a.index)
     b_ptr, b_dtype, b_flat = em.address(e.b.buf, e.b.index)

@@ -14,8 +14,8 @@ the epilogue (a shuffle of the two accumulators, once per tile). On an edge iter
 over each column's group; a bounds-checked build drops out-of-range bytes from the same masked loads.
 
 `mmla_method(target, dtype)` says what a target has: "smmla" for int8 activations with i8mm, "bfmmla" for bf16 with
-AArch64 BF16 (fixed-width NEON only; SVE's forms are not used), else None — the register tile then uses
-Dot4 / Dot2 (SDOT / BFDOT)."""
+AArch64 BF16, else None — the register tile then uses Dot4 / Dot2 (SDOT / BFDOT). Always the 128-bit NEON forms: on
+an SVE target the tile is a fixed-width loop (codegen/scalable.py: loop_is_scalable); SVE's own SMMLA is not used."""
 from __future__ import annotations
 
 from llvmlite import ir
@@ -35,7 +35,7 @@ ELEM = {"int8": I8, "bfloat16": I16}
 
 def mmla_method(target: Target | None, dtype: str) -> str | None:
     """The block instruction `target` has for operands of `dtype` (the activations'), or None."""
-    if target is None or target.arch != "aarch64" or target.scalable:
+    if target is None or target.arch != "aarch64":
         return None
     f = features(target)
     if dtype == "int8" and "i8mm" in f:
@@ -48,7 +48,7 @@ def mmla_method(target: Target | None, dtype: str) -> str | None:
 def emit_mmla(em, e: Mmla) -> tuple[ir.Value, bool]:  # noqa: ANN001  (em: codegen.exprs.ExprEmitter)
     vec = em.vec
     method = mmla_method(getattr(em, "target", None), e.a0.dtype)
-    if vec is None or method is None or vec.lanes % 4:
+    if vec is None or getattr(em, "strip", None) is not None or method is None or vec.lanes % 4:
         raise AssertionError(f"mmla outside a vector loop of 4k lanes or on a target without it: {e!r}")
     B, n = em.b, vec.lanes
     acc, acc_vec = em.ev(e.acc)

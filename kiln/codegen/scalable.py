@@ -52,6 +52,7 @@ from kiln.codegen.access import I1, I32, I64, MEMORY, PTR, SCALAR
 from kiln.codegen.exprs import ExprEmitter, VectorCtx
 from kiln.codegen.loops import NestEmitter, emit_loop
 from kiln.kernel.analysis import coef
+from kiln.kernel.dot import Dot2, Dot4, Mmla, MmlaRow
 from kiln.kernel.ir import (
     Assign,
     Bin,
@@ -147,6 +148,8 @@ def loop_is_scalable(body: list[Stmt]) -> bool:
 
     def expr_ok(e: Expr) -> bool:
         for x in walk(e):
+            if isinstance(x, (Dot4, Dot2, Mmla, MmlaRow)):  # NEON dot products / blocks: the tile stays 128-bit
+                return False
             if isinstance(x, Un) and x.dtype in ("float32", "float64"):
                 if x.op not in _SCALABLE_UNARY and not (x.op in _SCALABLE_F32_UNARY and x.dtype == "float32"):
                     return False

@@ -16,9 +16,10 @@ loop (kiln/isa/mca.py) with the most dot-product instructions; MACs per iteratio
 Each target twice: `direct` (the register tile, schedule/int8.py, codegen/int8.py) and `ukernel` (the hand-written
 8-bit microkernel, kiln/ukernels/dot.py, where the target has one), the same hot-loop count on each's assembly;
 and AMX's tdpbusd tile kernel (16·16·64 MACs per instruction), counted alone, at Intel's documented 16 cycles.
-RVV is not in the table (its MACs per instruction depend on the run-time vl): the integer anchors on scalable vectors
-run the plain integer loops, which LLVM vectorizes into widening multiply-adds (vwmacc.vx / vwmaccsu.vx: one 8-bit
-weight times a vector of activations per instruction), tested exact under qemu (tests/test_ops_quant.py)."""
+An SVE target's packed integer GEMMs run the NEON rows above (the tile is a fixed-width loop there). RVV is not in the
+table (its MACs per instruction depend on the run-time vl): its integer anchors run the plain integer loops, which LLVM
+vectorizes into widening multiply-adds (vwmacc.vx / vwmaccsu.vx: one 8-bit weight times a vector of activations per
+instruction), tested exact under qemu (tests/test_ops_quant.py)."""
 from __future__ import annotations
 
 import argparse

@@ -44,7 +44,7 @@ def bf16_form(c: Compute) -> DotForm | None:
 def schedule_dpbf16(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
                     options: dict[str, bool], dec: Decisions | None = None) -> list[Stmt] | None:
     """The vdpbf16ps tile of a bf16 anchor, or None (see the module docstring)."""
-    if not options.get("dpbf16", True) or target.scalable or not dpbf16_widths(target):
+    if not options.get("dpbf16", True) or not dpbf16_widths(target):
         return None
     if not (options.get("register_tile", True) and options.get("vectorize", True)):
         return None

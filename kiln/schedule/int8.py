@@ -29,7 +29,9 @@ reduction in a hand-written kernel, the epilogue on the int32 tile it stores); `
 through im2col, on the library's integer GEMM where it has one (schedule/library.py; those anchors stay unpacked and
 NCHW); under a library without one the anchor is built here and exe.meta["strategies"] says
 "direct (<strategy> not available: why)". Under `direct` the tuner's knob `strategy` may pick the microkernel.
-Returns None (the default schedule then runs the plain integer loops) where the form does not match."""
+On an SVE/SME target the tile is the NEON one (a fixed-width loop of the scalable build: codegen/scalable.py
+loop_is_scalable); on RVV the anchors keep the plain integer loops. Returns None (the default schedule then runs the
+plain integer loops) where the form does not match."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -100,7 +102,7 @@ def schedule_int8(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
                   options: dict[str, bool], dec: Decisions | None = None) -> list[Stmt] | None:
     """The loop nest of an integer anchor by its strategy, or None (the default schedule then builds it)."""
     form = int8_form(c)
-    if form is None or target.scalable:
+    if form is None or (target.scalable and target.arch != "aarch64"):  # SVE: the NEON tile (fixed-width)
         return None
     node = c.hints.get("node", c.out)
     if not (options.get("register_tile", True) and options.get("vectorize", True)):

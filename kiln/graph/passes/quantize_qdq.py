@@ -297,11 +297,12 @@ def _integer_op_anchor(g: Graph, n: Node, act: str, new: list[Node]) -> Value | 
 
 
 def packed_matmul(g: Graph, q: Node, target: Target) -> Node:
-    """QMatMul → QPackedMatMul (weights in the VNNI layout, graph/quant_pack.py) on fixed-width targets, for the
-    register tile and the microkernels (schedule/int8.py, int8_ukernel.py); under a library strategy whose library
-    has an integer GEMM for these activations the weights stay as they are, for it (schedule/library.py)."""
+    """QMatMul → QPackedMatMul (weights in the VNNI layout, graph/quant_pack.py) on fixed-width targets and AArch64's
+    scalable ones (NEON-width panels: an SVE target runs the NEON tile), for the register tile and the microkernels
+    (schedule/int8.py, int8_ukernel.py); under a library strategy whose library has an integer GEMM for these
+    activations the weights stay as they are, for it (schedule/library.py)."""
     w = q.inputs[1]
-    if target.scalable or w.const is None:
+    if (target.scalable and target.arch != "aarch64") or w.const is None:  # SVE targets: NEON-width panels
         return q
     strategy = str(q.attrs.get("strategy", "direct"))
     if strategy.startswith("library"):
