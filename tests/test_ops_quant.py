@@ -616,11 +616,11 @@ def test_int8_smmla_tile_under_qemu(tmp_path, bounds_check: bool) -> None:  # no
 
 
 @pytest.mark.parametrize("target", ["aarch64-sve", "aarch64-sme"])
-def test_int8_gemm_tiles_on_scalable_aarch64_under_qemu(tmp_path, target: str) -> None:  # noqa: ANN001
-    """An SVE (or SME) target runs an integer GEMM's packed tile in 128-bit NEON registers — every such CPU has NEON,
-    SVE has no fixed-width dot-product tile of its own here — as a fixed-width loop of the scalable build: SDOT with
-    dotprod, SMMLA with i8mm, the int8 microkernel under strategy="ukernel"; without either, the same tile on widening
-    multiply-adds. Exact against onnxruntime at VL 128 and 512 (the tile does not depend on VL), edges included."""
+def test_int8_tiles_on_scalable_aarch64_under_qemu(tmp_path, target: str) -> None:  # noqa: ANN001
+    """An SVE (or SME) target runs an integer GEMM's packed tile, and an int8 conv in the blocked layout, in 128-bit
+    NEON registers — every such CPU has NEON — as a fixed-width loop of the scalable build: SDOT with dotprod, SMMLA
+    with i8mm, the int8 microkernel under strategy="ukernel"; without either, the same tile on widening multiply-adds.
+    Exact against onnxruntime at VL 128 and 512 (the tile does not depend on VL), edges included."""
     import dataclasses
 
     import kiln.cross as kc
@@ -629,7 +629,8 @@ def test_int8_gemm_tiles_on_scalable_aarch64_under_qemu(tmp_path, target: str) -
     if have_toolchain("aarch64"):
         pytest.skip(have_toolchain("aarch64"))
     base = resolve(target)
-    cases = []
+    x = rand(1, 8, 9, 7, lo=-128, hi=127, dtype="int8")
+    cases = [("conv", qlinear_conv_model(x, 16, 1, "int8", True), {"x": x})]  # blocked: the int8 convs' layout
     for shape, n in (((2, 5, 37), 21), ((7, 64), 24)):
         a = rand(*shape, lo=-128, hi=127, dtype="int8", seed=8)
         cases.append(("x".join(map(str, shape)), qlinear_matmul_model(a, n), {"a": a}))
@@ -641,6 +642,8 @@ def test_int8_gemm_tiles_on_scalable_aarch64_under_qemu(tmp_path, target: str) -
             label = f"{name}-{strategy}{extra.replace(',+', '-')}"
             b = kc.build_binary(m, t, str(tmp_path / label), strategy=strategy)
             assert set(b.strategies.values()) == {strategy}, (label, b.strategies)
+            if name == "conv" and strategy == "direct":  # the tile, not a scalable loop over NCHW rows
+                assert b.vector_loops["fixed"] > 0, label
             for vlen in (128, 512):
                 outs, _ = kc.run_qemu(b, feeds, vlen=vlen)
                 assert np.array_equal(outs[0], run_ort(m, feeds)[0]), (label, vlen)
@@ -648,6 +651,30 @@ def test_int8_gemm_tiles_on_scalable_aarch64_under_qemu(tmp_path, target: str) -
             assert (instr in asm) if instr else not re.search(r"\b(sdot|smmla)\b", asm), label
             if instr == "smmla":
                 assert "sdot" not in asm, label
+
+
+def test_int8_mobilenetv2_on_sve_under_qemu(tmp_path) -> None:  # noqa: ANN001
+    """kiln.quantize's int8 mobilenetv2 built for SVE with i8mm (blocked int8 convs, depthwise and 1×1 on the NEON
+    tile, SMMLA) gives, under qemu at VL 256, exactly the outputs the host's build of the same model gives (integer
+    arithmetic and the same float epilogues: bitwise)."""
+    import dataclasses
+
+    import kiln
+    import kiln.cross as kc
+    from kiln import zoo
+    from kiln.cross import have_toolchain
+
+    if have_toolchain("aarch64"):
+        pytest.skip(have_toolchain("aarch64"))
+    model = kiln.quantize(zoo.build("mobilenetv2"), [zoo.inputs("mobilenetv2")] * 2)
+    feeds = zoo.inputs("mobilenetv2")
+    host = kiln.compile(model, cache=False).run(feeds)[0]
+    base = resolve("aarch64-sve")
+    b = kc.build_binary(model, dataclasses.replace(base, features=base.features + ",+dotprod,+i8mm"),
+                        str(tmp_path / "sve"))
+    out = kc.run_qemu(b, feeds, vlen=256)[0][0]
+    assert np.array_equal(out, host), np.abs(out - host).max()
+    assert "smmla" in (tmp_path / "sve" / "model.s").read_text()
 
 
 @pytest.mark.parametrize("features,method", [("+neon,+fp-armv8,+dotprod", "sdot"),

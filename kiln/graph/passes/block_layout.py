@@ -16,8 +16,9 @@ A value is blocked when its producer is a blocked conv, or an op that does not c
 other consumer — and a graph output — gets FromBlocked, once per value. Channel counts that no block divides
 stay NCHW: padded channels would be computed too, and an op like Div or Log could turn them into NaN that a
 following conv multiplies by its zero weights. Convs built by a library call stay NCHW (the library takes plain
-operands), and only fixed-width targets block (a scalable target's block would have to follow its run-time
-vector length)."""
+operands), and only fixed-width targets block their float convs (a scalable target's block would have to follow
+its run-time vector length); on AArch64's scalable targets (SVE, SME) the int8 convs block, in NEON-width blocks for
+the NEON tile they run there (schedule/int8.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -197,7 +198,8 @@ def _worth_blocking(g: Graph) -> set[int]:
 
 
 def block_layout(g: Graph, target: Target) -> Graph:
-    if target.scalable:
+    int8_only = target.scalable and target.arch == "aarch64"  # SVE: the int8 convs, for the NEON tile
+    if target.scalable and not int8_only:
         return g
     wanted = _worth_blocking(g)
     twin: dict[int, Value] = {}    # id(NCHW value) → the blocked value computed instead
@@ -216,7 +218,7 @@ def block_layout(g: Graph, target: Target) -> Graph:
         y = n.outputs[0]
         new: Node | None = None
         out_blocked = True
-        if n.op in ("Conv", "QConv"):
+        if n.op == "QConv" or (n.op == "Conv" and not int8_only):
             x = n.inputs[0]
             heavy = _heavy(n, target)
             if heavy and id(x) not in twin:  # reorder the NCHW input once (other convs reading x use it too)
