@@ -653,6 +653,17 @@ def test_int8_tiles_on_scalable_aarch64_under_qemu(tmp_path, target: str) -> Non
                 assert "sdot" not in asm, label
 
 
+def test_cross_bounds_check_refuses_scalable_targets(tmp_path) -> None:  # noqa: ANN001
+    """A bounds-checked cross build is for fixed-width targets; a scalable one is a clear error (its strip-mined
+    accesses have no checks), before anything is compiled."""
+    from kiln.cross.build import compile_object
+
+    a = rand(3, 8, lo=-128, hi=127, dtype="int8")
+    with pytest.raises(ValueError, match="aarch64-sve has scalable vectors"):
+        compile_object(qlinear_matmul_model(a, 4), "aarch64-sve", str(tmp_path / "m.o"), bounds_check=True)
+    assert not (tmp_path / "m.o").exists()
+
+
 def test_int8_mobilenetv2_on_sve_under_qemu(tmp_path) -> None:  # noqa: ANN001
     """kiln.quantize's int8 mobilenetv2 built for SVE with i8mm (blocked int8 convs, depthwise and 1×1 on the NEON
     tile, SMMLA) gives, under qemu at VL 256, exactly the outputs the host's build of the same model gives (integer

@@ -15,7 +15,7 @@ The stable API (also used by `kiln bench --isa` and the QEMU instruction-count p
 (MatMul/Conv on the target's hand-written microkernels, kiln/ukernels/aarch64.py and riscv.py; anchors they do not
 apply to stay direct); the others raise ValueError. `bounds_check=True`: the debug build (every access checked,
 kiln/codegen/bounds.py); the driver exits with 5 on a recorded violation and `run_qemu` raises `CrossRunError`
-naming the kernel call, buffer and index.
+naming the kernel call, buffer and index (fixed-width targets only: ValueError for a scalable one).
 
 `CrossBinary` fields: `target` (Target), `workdir`, `exe` (path of the static executable), `obj`, `asm`,
 `weights`, `arena_bytes`, `inputs` / `outputs` (lists of IOSpec: name, dtype, shape), `vector_loops`

@@ -150,6 +150,9 @@ def compile_object(model: onnx.ModelProto | str | bytes | os.PathLike, target: s
     from kiln.compiler import check_options, lower
 
     t = resolve(target)
+    if bounds_check and t.scalable:
+        raise ValueError(f"bounds_check=True: {t.name} has scalable vectors, whose strip-mined loads and stores have "
+                         "no bounds checks; a fixed-width target (aarch64-neon) or the host can be built checked")
     c = lower(_load(model), t, 1, check_options(options or {}), stop_after="llvm", strategy=strategy,
               precision=precision, bounds_check=bounds_check)
     ll_path = os.path.splitext(obj_path)[0] + ".ll"
