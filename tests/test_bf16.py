@@ -486,10 +486,12 @@ def test_bf16_ukernel(width: str, shape: tuple[int, ...]) -> None:
         assert built == {"matmul_node": f"direct (ukernel not available: {why})"}, built
 
 
-def test_bf16_gemm_tiles_on_sve_under_qemu(tmp_path) -> None:  # noqa: ANN001
-    """An SVE target with BF16 runs a bf16 GEMM's packed tile in NEON registers (a fixed-width loop of the scalable
-    build): BFMMLA, BFDOT with the switch mmla off, the BFMMLA microkernel under strategy="ukernel" — each against the
-    emulation (switch dpbf16 off) within float32 summation order, at VL 256 under qemu."""
+@pytest.mark.parametrize("name", ["gemm_odd", "conv_r50_3x3"])
+def test_bf16_tiles_on_sve_under_qemu(tmp_path, name: str) -> None:  # noqa: ANN001
+    """An SVE target with BF16 runs a bf16 GEMM's packed tile, and a bf16 conv in the blocked layout, in NEON
+    registers (a fixed-width loop of the scalable build): BFMMLA, BFDOT with the switch mmla off, the BFMMLA
+    microkernel under strategy="ukernel" — each against the emulation (switch dpbf16 off) within float32 summation
+    order, at VL 256 under qemu."""
     import dataclasses
 
     import kiln.cross as kc
@@ -500,7 +502,7 @@ def test_bf16_gemm_tiles_on_sve_under_qemu(tmp_path) -> None:  # noqa: ANN001
         pytest.skip(have_toolchain("aarch64"))
     base = resolve("aarch64-sve")
     t = dataclasses.replace(base, features=base.features + ",+bf16")
-    model, feeds = zoo.build("gemm_odd"), zoo.inputs("gemm_odd")
+    model, feeds = zoo.build(name), zoo.inputs(name)
     builds = {"direct": ("direct", None, "bfmmla"), "bfdot": ("direct", {"mmla": False}, "bfdot"),
               "ukernel": ("ukernel", None, "bfmmla"), "emulated": ("direct", {"dpbf16": False}, None)}
     out = {}

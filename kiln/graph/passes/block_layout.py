@@ -17,8 +17,8 @@ other consumer — and a graph output — gets FromBlocked, once per value. Chan
 stay NCHW: padded channels would be computed too, and an op like Div or Log could turn them into NaN that a
 following conv multiplies by its zero weights. Convs built by a library call stay NCHW (the library takes plain
 operands), and only fixed-width targets block their float convs (a scalable target's block would have to follow
-its run-time vector length); on AArch64's scalable targets (SVE, SME) the int8 convs block, in NEON-width blocks for
-the NEON tile they run there (schedule/int8.py)."""
+its run-time vector length); on AArch64's scalable targets (SVE, SME) the int8 convs block, and the bf16 ones where
+the target has BF16, in NEON-width blocks for the NEON tile they run there (schedule/int8.py, schedule/bf16.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -28,7 +28,7 @@ from kiln.graph.ops import OPS, infer
 from kiln.graph.passes.pack_weights import pack
 from kiln.graph.quant_pack import INT8_K_GROUP, int8_channel_block, pack_depthwise, pack_qconv_blocked
 from kiln.strategy import strategy_of
-from kiln.target import Target
+from kiln.target import Target, features_on
 
 SPATIAL_REDUCE_KINDS = ("mean", "sum", "max", "min")
 # the strategies whose schedules take blocked operands: direct emission and the microkernel nest (whose panel
@@ -198,9 +198,11 @@ def _worth_blocking(g: Graph) -> set[int]:
 
 
 def block_layout(g: Graph, target: Target) -> Graph:
-    int8_only = target.scalable and target.arch == "aarch64"  # SVE: the int8 convs, for the NEON tile
-    if target.scalable and not int8_only:
+    # SVE/SME: only the convs that run the NEON tile there — int8, and bf16 where the target has BF16
+    neon_only = target.scalable and target.arch == "aarch64"
+    if target.scalable and not neon_only:
         return g
+    bf16_tile = neon_only and "bf16" in features_on(target.features)
     wanted = _worth_blocking(g)
     twin: dict[int, Value] = {}    # id(NCHW value) → the blocked value computed instead
     made: set[int] = set()         # NCHW values rebuilt from their twins
@@ -218,7 +220,8 @@ def block_layout(g: Graph, target: Target) -> Graph:
         y = n.outputs[0]
         new: Node | None = None
         out_blocked = True
-        if n.op == "QConv" or (n.op == "Conv" and not int8_only):
+        neon_conv = bf16_tile and n.attrs.get("precision") == "bf16"
+        if n.op == "QConv" or (n.op == "Conv" and (not neon_only or neon_conv)):
             x = n.inputs[0]
             heavy = _heavy(n, target)
             if heavy and id(x) not in twin:  # reorder the NCHW input once (other convs reading x use it too)
