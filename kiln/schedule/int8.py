@@ -203,12 +203,14 @@ def dot_tile(c: Compute, tag: str, target: Target, threads: int, form_of: Callab
         return Loop(ni, n_ext, [Local(acc, acc_dtype, Const(0, acc_dtype), mr), *update,
                                 Loop(mi, Const(mr, "int64"), [store], "unroll")], "vector", nr, masked=True)
 
-    if pairs:  # the 2×2-block tile (SMMLA / BFMMLA): the same loops around another step and epilogue
-        def tile(edge: bool) -> Loop:  # noqa: F811
-            unroll = K4 * mr * lanes <= UNROLL_DOTS and len(form.red.axes) > 1
-            inner = mmla_tile(c, form, m_v, n_v, lambda r: mo * mr + r, n_expr, ni, M, mr, nr, acc, unroll, edge)
-            return Loop(ni, n_ext, inner, "vector", nr, masked=True)
+    def block_tile(edge: bool) -> Loop:
+        """The 2×2-block tile (SMMLA / BFMMLA, schedule/mmla.py): the same loops around another step and epilogue."""
+        unroll = K4 * mr * lanes <= UNROLL_DOTS and len(form.red.axes) > 1
+        inner = mmla_tile(c, form, m_v, n_v, lambda r: mo * mr + r, n_expr, ni, M, mr, nr, acc, unroll, edge)
+        return Loop(ni, n_ext, inner, "vector", nr, masked=True)
 
+    if pairs:
+        tile = block_tile
     body: list[Stmt] = [tile(False)]
     if M % mr:
         body = [If(cmp("<=", mo * mr + mr, Const(M, "int64")), body, [tile(True)])]

@@ -48,11 +48,9 @@ from kiln.schedule.tile import substitute_all
 
 
 def mmla_rows(extent_rows: int, most: int, pick: Callable[[int, int], int]) -> int:
-    """An even row count for the block tile (pick: tile_shape.pick_mr), 0 where fewer than two rows fit or exist."""
-    most -= most % 2
-    if most < 2 or extent_rows < 2:
-        return 0
-    mr = pick(extent_rows, most)
+    """An even row count for the block tile (pick: tile_shape.pick_mr; two for a single row, its pair clamped)."""
+    most = max(2, most - most % 2)
+    mr = pick(max(2, extent_rows), most)
     return mr if mr % 2 == 0 else min(mr + 1, most)
 
 
