@@ -63,6 +63,13 @@ class Target:
         """Bits per `vscale` unit in LLVM's scalable types: SVE 128 (vscale = VL/128), RVV 64 (vscale = VLEN/64)."""
         return 64 if self.arch == "riscv64" else 128
 
+    @property
+    def fixed_dot_tiles(self) -> bool:
+        """Does the target run the int8/bf16 dot-product tiles (and their packed weights, blocked convs and
+        microkernels) in fixed-width registers: every fixed-width target, and AArch64's scalable ones in their NEON
+        registers (every SVE CPU has NEON); not RVV, whose integer anchors keep the plain loops."""
+        return not self.scalable or self.arch == "aarch64"
+
     def scalable_count(self, lanes: int) -> int:
         """N of `<vscale x N x T>` holding `lanes` elements at the minimum vector width (at least 1)."""
         return max(1, lanes * self.vscale_block_bits // self.vector_bits)

@@ -582,6 +582,17 @@ def test_int8_aarch64_under_qemu(tmp_path, features: str, instr: str | None) -> 
     assert (instr in asm) if instr else ("sdot" not in asm)
 
 
+def _s8_tile_cases(*matmuls: tuple[tuple[int, ...], int]) -> list[tuple[str, onnx.ModelProto, dict]]:
+    """(name, model, feeds) with int8 activations for the AArch64 tile tests: a blocked 3×3 QLinearConv and one
+    QLinearMatMul per (A shape, N)."""
+    x = rand(1, 8, 9, 7, lo=-128, hi=127, dtype="int8")
+    cases = [("conv", qlinear_conv_model(x, 16, 1, "int8", True), {"x": x})]
+    for shape, n in matmuls:
+        a = rand(*shape, lo=-128, hi=127, dtype="int8", seed=8)
+        cases.append(("x".join(map(str, shape)), qlinear_matmul_model(a, n), {"a": a}))
+    return cases
+
+
 @pytest.mark.parametrize("bounds_check", [False, True], ids=["fast", "bounds-checked"])
 def test_int8_smmla_tile_under_qemu(tmp_path, bounds_check: bool) -> None:  # noqa: ANN001
     """Direct emission's 2×2-block tile (SMMLA, schedule/mmla.py) at its edges: K with an odd last group and a
@@ -598,12 +609,7 @@ def test_int8_smmla_tile_under_qemu(tmp_path, bounds_check: bool) -> None:  # no
     if have_toolchain("aarch64"):
         pytest.skip(have_toolchain("aarch64"))
     t = dataclasses.replace(resolve("aarch64-neon"), features="+neon,+fp-armv8,+dotprod,+i8mm")
-    x = rand(1, 8, 9, 7, lo=-128, hi=127, dtype="int8")
-    cases = [("conv", qlinear_conv_model(x, 16, 1, "int8", True), {"x": x})]
-    for shape, n in (((2, 5, 37), 21), ((7, 64), 24), ((33, 5), 13)):
-        a = rand(*shape, lo=-128, hi=127, dtype="int8", seed=8)
-        cases.append(("x".join(map(str, shape)), qlinear_matmul_model(a, n), {"a": a}))
-    for name, m, feeds in cases:
+    for name, m, feeds in _s8_tile_cases(((2, 5, 37), 21), ((7, 64), 24), ((33, 5), 13)):
         c = lower(m, t, 1, check_options({}), stop_after="schedule")
         assert {how for k in c.program.kernels for how in k.precision.values()} == {"smmla"}, name
         for label, options in (("mmla", None), ("sdot", {"mmla": False})):
@@ -629,11 +635,7 @@ def test_int8_tiles_on_scalable_aarch64_under_qemu(tmp_path, target: str) -> Non
     if have_toolchain("aarch64"):
         pytest.skip(have_toolchain("aarch64"))
     base = resolve(target)
-    x = rand(1, 8, 9, 7, lo=-128, hi=127, dtype="int8")
-    cases = [("conv", qlinear_conv_model(x, 16, 1, "int8", True), {"x": x})]  # blocked: the int8 convs' layout
-    for shape, n in (((2, 5, 37), 21), ((7, 64), 24)):
-        a = rand(*shape, lo=-128, hi=127, dtype="int8", seed=8)
-        cases.append(("x".join(map(str, shape)), qlinear_matmul_model(a, n), {"a": a}))
+    cases = _s8_tile_cases(((2, 5, 37), 21), ((7, 64), 24))
     builds = [("", "direct", None), (",+dotprod", "direct", "sdot"), (",+dotprod,+i8mm", "direct", "smmla"),
               (",+dotprod,+i8mm", "ukernel", "smmla")]
     for extra, strategy, instr in builds:

@@ -110,8 +110,18 @@ def dot_operands(em, e, a_flat, b_ptr: ir.Value, b_flat, group: int, elem: ir.In
     return acc, a, B.call(fn, [b_at, ir.Constant(I32, size), spread, ir.Constant(vt, None)])
 
 
-def _slice(em, v: ir.Value, start: int, count: int) -> ir.Value:  # noqa: ANN001
+def lane_slice(em, v: ir.Value, start: int, count: int) -> ir.Value:  # noqa: ANN001
+    """Lanes start … start + count of vector v."""
     return em.b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, count), list(range(start, start + count))))
+
+
+def join_lanes(em, parts: list[ir.Value]) -> ir.Value:  # noqa: ANN001
+    """Equal-width vectors (a power-of-two count) concatenated in order, pairwise."""
+    while len(parts) > 1:
+        k = parts[0].type.count
+        cat = ir.Constant(ir.VectorType(I32, 2 * k), list(range(2 * k)))
+        parts = [em.b.shuffle_vector(parts[j], parts[j + 1], cat) for j in range(0, len(parts), 2)]
+    return parts[0]
 
 
 def pieces(em, acc: ir.Value, a8: ir.Value, b8: ir.Value, n: int, w: int, op, group: int = 4) -> ir.Value:  # noqa: ANN001
@@ -120,16 +130,8 @@ def pieces(em, acc: ir.Value, a8: ir.Value, b8: ir.Value, n: int, w: int, op, gr
     if w == n:
         return op(em, acc, a8, b8, w)
     g = group
-    parts = [op(em, _slice(em, acc, i, w), _slice(em, a8, g * i, g * w), _slice(em, b8, g * i, g * w), w)
-             for i in range(0, n, w)]
-    while len(parts) > 1:  # concatenate pairwise
-        joined = []
-        for j in range(0, len(parts), 2):
-            k = parts[j].type.count
-            joined.append(em.b.shuffle_vector(parts[j], parts[j + 1], ir.Constant(ir.VectorType(I32, 2 * k),
-                                                                                   list(range(2 * k)))))
-        parts = joined
-    return parts[0]
+    return join_lanes(em, [op(em, lane_slice(em, acc, i, w), lane_slice(em, a8, g * i, g * w),
+                              lane_slice(em, b8, g * i, g * w), w) for i in range(0, n, w)])
 
 
 def _vnni(em, acc: ir.Value, a8: ir.Value, b8: ir.Value, w: int) -> ir.Value:  # noqa: ANN001

@@ -21,7 +21,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from kiln.codegen.bf16 import BF16
-from kiln.codegen.int8 import features
+from kiln.codegen.int8 import features, join_lanes, lane_slice
 from kiln.kernel.analysis import coef
 from kiln.kernel.dot import Mmla, MmlaRow
 from kiln.kernel.ir import Load
@@ -71,13 +71,8 @@ def emit_mmla(em, e: Mmla) -> tuple[ir.Value, bool]:  # noqa: ANN001  (em: codeg
     for j in range(n // 4):  # column pair j: each column's two groups side by side
         bj = B.shuffle_vector(x, y, ir.Constant(ir.VectorType(I32, 4), [2 * j, half + 2 * j, 2 * j + 1,
                                                                           half + 2 * j + 1]))
-        accj = B.shuffle_vector(acc, acc, ir.Constant(ir.VectorType(I32, 4), list(range(4 * j, 4 * j + 4))))
-        blocks.append(B.call(fn, [accj, a, B.bitcast(bj, ot)]))
-    while len(blocks) > 1:  # concatenate pairwise
-        k = blocks[0].type.count
-        cat = ir.Constant(ir.VectorType(I32, 2 * k), list(range(2 * k)))
-        blocks = [B.shuffle_vector(blocks[i], blocks[i + 1], cat) for i in range(0, len(blocks), 2)]
-    return blocks[0], True
+        blocks.append(B.call(fn, [lane_slice(em, acc, 4 * j, 4), a, B.bitcast(bj, ot)]))
+    return join_lanes(em, blocks), True
 
 
 def emit_mmla_row(em, e: MmlaRow) -> tuple[ir.Value, bool]:  # noqa: ANN001
@@ -99,11 +94,8 @@ def _row_word(em, a: Load, count: int) -> ir.Value:  # noqa: ANN001
     bits = count * mt.width
     p = em.element_ptr(ptr, flat, mt)
     if em.bounds:  # each value checked: a masked load of `count` values
-        vt = ir.VectorType(mt, count)
         mask = em.bounds.lanes(ptr, em.bounds.progression(em._at_base(flat), 1, count), None)
-        fn = em._decl(f"llvm.masked.load.v{count}i{mt.width}.p0", vt, [PTR, I32, ir.VectorType(I1, count), vt])
-        word = em.b.bitcast(em.b.call(fn, [p, ir.Constant(I32, mt.width // 8), mask, ir.Constant(vt, None)]),
-                            ir.IntType(bits))
+        word = em.b.bitcast(_load(em, p, ir.VectorType(mt, count), mask), ir.IntType(bits))
     else:
         word = em.b.load(p, typ=ir.IntType(bits), align=mt.width // 8)
     return word if bits == 64 else em.b.zext(word, I64)
@@ -126,10 +118,15 @@ def _groups(em, b: Load, lane0: int) -> ir.Value:  # noqa: ANN001
                                                                    [lane0 + i // g for i in range(count)]))
     if em.bounds:
         mask = em.bounds.lanes(ptr, em.bounds.progression(em._at_base(flat), 1, count), mask)
+    return em.b.bitcast(_load(em, p, vt, mask), ir.VectorType(I32, half))
+
+
+def _load(em, p: ir.Value, vt: ir.VectorType, mask: ir.Value | None) -> ir.Value:  # noqa: ANN001
+    """A vector of integer elements at p: one load, or a masked one (masked-off elements zero)."""
+    align = vt.element.width // 8
     if mask is None:
-        val = em.b.load(p, typ=vt, align=mt.width // 8)
-    else:
-        fn = em._decl(f"llvm.masked.load.v{count}i{mt.width}.p0", vt, [PTR, I32, ir.VectorType(I1, count), vt])
-        val = em.b.call(fn, [p, ir.Constant(I32, mt.width // 8), mask, ir.Constant(vt, None)])
-    return em.b.bitcast(val, ir.VectorType(I32, half))
+        return em.b.load(p, typ=vt, align=align)
+    n, bits = vt.count, vt.element.width
+    fn = em._decl(f"llvm.masked.load.v{n}i{bits}.p0", vt, [PTR, I32, ir.VectorType(I1, n), vt])
+    return em.b.call(fn, [p, ir.Constant(I32, align), mask, ir.Constant(vt, None)])
 

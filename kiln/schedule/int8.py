@@ -102,7 +102,7 @@ def schedule_int8(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
                   options: dict[str, bool], dec: Decisions | None = None) -> list[Stmt] | None:
     """The loop nest of an integer anchor by its strategy, or None (the default schedule then builds it)."""
     form = int8_form(c)
-    if form is None or (target.scalable and target.arch != "aarch64"):  # SVE: the NEON tile (fixed-width)
+    if form is None or not target.fixed_dot_tiles:  # (SVE: the NEON tile, a fixed-width loop)
         return None
     node = c.hints.get("node", c.out)
     if not (options.get("register_tile", True) and options.get("vectorize", True)):

@@ -67,7 +67,7 @@ def method_for(target: Target, a_dtype: str, nr: int) -> tuple[str | None, str]:
     None; why not). x86: the widest vector that divides NR (a blocked layout's 8-channel panels on AVX-512 take ymm);
     8-bit: vpdpbusd where the CPU has it at that width and A is u8, else vpmaddwd; bf16: vdpbf16ps."""
     f = features_on(target.features)
-    if target.scalable and target.arch != "aarch64":  # SVE targets: the NEON microkernels (every SVE CPU has NEON)
+    if not target.fixed_dot_tiles:  # (SVE targets: the NEON microkernels)
         return None, f"no dot-product microkernel for scalable vectors ({target.name})"
     bf16 = a_dtype == "bfloat16"
     if target.arch == "x86_64":

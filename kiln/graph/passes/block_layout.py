@@ -198,10 +198,10 @@ def _worth_blocking(g: Graph) -> set[int]:
 
 
 def block_layout(g: Graph, target: Target) -> Graph:
-    # SVE/SME: only the convs that run the NEON tile there — int8, and bf16 where the target has BF16
-    neon_only = target.scalable and target.arch == "aarch64"
-    if target.scalable and not neon_only:
+    if not target.fixed_dot_tiles:  # RVV: nothing blocks
         return g
+    # a scalable target (SVE/SME) blocks only the convs that run the NEON tile there: int8, and bf16 with BF16
+    neon_only = target.scalable
     bf16_tile = neon_only and "bf16" in features_on(target.features)
     wanted = _worth_blocking(g)
     twin: dict[int, Value] = {}    # id(NCHW value) → the blocked value computed instead

@@ -302,7 +302,7 @@ def packed_matmul(g: Graph, q: Node, target: Target) -> Node:
     (schedule/int8.py, int8_ukernel.py); under a library strategy whose library has an integer GEMM for these
     activations the weights stay as they are, for it (schedule/library.py)."""
     w = q.inputs[1]
-    if (target.scalable and target.arch != "aarch64") or w.const is None:  # SVE targets: NEON-width panels
+    if not target.fixed_dot_tiles or w.const is None:  # (SVE targets: NEON-width panels)
         return q
     strategy = str(q.attrs.get("strategy", "direct"))
     if strategy.startswith("library"):
