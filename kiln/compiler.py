@@ -48,6 +48,7 @@ class Compiled:
     kernel_functions: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     tuned: dict[str, dict] = field(default_factory=dict)   # kernel name → the tuning record it runs (apply_tuning)
+    chunk: Any = None  # kernel/dynamic.py BatchChunk: laid out for that many samples, a larger batch run in chunks
 
     @property
     def obj(self) -> bytes:
@@ -124,7 +125,7 @@ def lower_graph(graph: Graph, target: Target, num_threads: int, options: dict[st
     from kiln.graph.passes import run_graph_passes
     from kiln.kernel.build import build_program
     from kiln.kernel.compact import compact_trailing
-    from kiln.kernel.dynamic import DynamicDims
+    from kiln.kernel.dynamic import DynamicDims, batch_chunk
     from kiln.runtime.memory import plan_memory
     from kiln.schedule.default import schedule_program
     from kiln.tune.apply import apply_tuning
@@ -139,9 +140,12 @@ def lower_graph(graph: Graph, target: Target, num_threads: int, options: dict[st
         t = now
 
     tr = trace or (lambda stage, obj: None)
+    chunk = batch_chunk(graph)                                               # 2a. too big whole at the bounds: laid
+    if chunk is not None:                                                    #     out for a chunk of samples
+        graph.bounds[chunk.symbol] = (1, chunk.samples)
     graph = run_graph_passes(graph, options, target, trace=lambda name, g: tr(f"graph:{name}", g))  # 2. graph passes
     lap("graph")
-    out = Compiled(graph, timings=times)
+    out = Compiled(graph, timings=times, chunk=chunk)
     dims = DynamicDims.of(graph)                                             # 3a. symbolic dims → max layouts
     prog = build_program(graph, options, dims)                               # 3. lower + fuse → kernels
     if options.get("compact_rows", True):                                    #    [.., seq] intermediates: rows
@@ -396,7 +400,8 @@ def executable_of(c: Compiled, tgt: Target, threads: int, bounds_check: bool = F
             "max_outputs": [dims.max_layout(v) for v in c.program.graph.outputs],
             "packed_inputs": [dims.packed(v) for v in c.program.graph.inputs],
             "packed_outputs": [dims.packed(v) for v in c.program.graph.outputs],
-            "fallbacks": {k.name: k.fallbacks for k in c.program.kernels if k.fallbacks}},
+            "fallbacks": {k.name: k.fallbacks for k in c.program.kernels if k.fallbacks},
+            "chunk": c.chunk.meta() if c.chunk is not None else None},
         "compilations": 1,  # a dynamic executable serves every size in its bounds from this one compilation
         "arena_bytes": c.plan.arena_bytes, "num_threads": threads, "kernels": [k.name for k in c.program.kernels],
         "flops": [k.flops for k in c.program.kernels], "compile_s": c.timings,

@@ -131,10 +131,35 @@ class Executable:
         """Run once. With `profile` (a dict), adds the seconds spent in each kernel to it."""
         ins = self._check(feeds)
         if self.dynamic:
+            if self.dynamic.get("chunk"):
+                return self._run_chunks(ins, profile, self.dynamic["chunk"])
             return self._run_dynamic(ins, profile)
         outs = [np.empty(s.shape, dtype=s.dtype) for s in self.outputs]
         self._run_arrays(ins, outs, profile)
         return outs
+
+    def _run_chunks(self, ins: list[np.ndarray], profile: dict[str, float] | None,
+                    chunk: dict[str, Any]) -> list[np.ndarray]:
+        """A model laid out for a chunk of samples (kernel/dynamic.py: batch_chunk): a larger batch runs chunk by
+        chunk — the inputs that lead with the batch symbol cut along it, the others whole —, the outputs (each
+        leading with it) concatenated."""
+        sym, samples, (lo, hi) = chunk["symbol"], chunk["samples"], chunk["bounds"]
+        lead = [i for i, s in enumerate(self.inputs) if s.shape and s.shape[0] == sym]
+        if any(ins[i].ndim != len(self.inputs[i].shape) for i in lead):
+            return self._run_dynamic(ins, profile)  # (which names the input of the wrong rank)
+        sizes = {ins[i].shape[0] for i in lead}
+        if len(sizes) > 1:
+            raise ValueError(f"inputs disagree on the symbolic dim '{sym}': "
+                             + ", ".join(f"{ins[i].shape[0]} in '{self.inputs[i].name}'" for i in lead))
+        n = sizes.pop()
+        if not lo <= n <= hi:
+            raise ValueError(f"symbolic dim '{sym}' = {n} is outside the bounds [{lo}, {hi}] this executable was "
+                             f"compiled for: compile with dynamic_bounds={{'{sym}': ({lo}, {max(hi, n)})}}")
+        if n <= samples:
+            return self._run_dynamic(ins, profile)
+        parts = [self._run_dynamic([a[start:start + samples] if i in lead else a for i, a in enumerate(ins)], profile)
+                 for start in range(0, n, samples)]
+        return [np.concatenate([p[j] for p in parts]) for j in range(len(self.outputs))]
 
     def _run_dynamic(self, ins: list[np.ndarray], profile: dict[str, float] | None) -> list[np.ndarray]:
         """Bind the symbols from the inputs (checked before anything runs), place the inputs in their max layouts,
