@@ -1,0 +1,49 @@
+"""Each thread reads and writes the rows it wrote itself: a dense conv's padded input copy and a pooling layer run
+their parallel loop over rows (kernel/lower.py: rows_outermost), as the conv tiles around them split their output
+rows (schedule/tile.py: _thread_parts) — they split by channel blocks, and when the host put the two vCPUs on two
+L3s every handoff crossed between them. Structure at every x86 width, outputs against onnxruntime (rtol 1e-5)."""
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+import kiln
+from conftest import assert_close, nest_stmts, run_ort, width_runs
+from kiln.compiler import check_options, lower
+from kiln.kernel.ir import Loop
+from kiln.target import resolve
+
+
+def conv_pool_model():  # noqa: ANN201 - onnx.ModelProto
+    r = np.random.default_rng(3)
+    w1 = (r.standard_normal((64, 32, 3, 3)) * 0.1).astype(np.float32)
+    w2 = (r.standard_normal((64, 64, 3, 3)) * 0.05).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("AveragePool", ["p1"], ["p2"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["p2", "w2"], ["y"], pads=[1, 1, 1, 1], strides=[2, 2])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 40, 40])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_padded_copies_and_pools_split_by_rows(width: str) -> None:
+    model = conv_pool_model()
+    prog = lower(model, resolve(width), 2, check_options({}), stop_after="kernels").program
+    checked, split = 0, 0
+    for k in prog.kernels:
+        # a conv's computes before its anchor (the padded copy, the kernel's first nest), a pool's one compute
+        for c in k.computes[:-1] if k.name.endswith("conv") else k.computes if k.name.endswith("_pool") else []:
+            rows = c.axes[0]  # the row axis first, storing where it did
+            assert c.store is not None and c.store.index(rows) == 2, (k.name, c)
+            checked += 1
+            par = [s for s in nest_stmts(k.body[:1]) if isinstance(s, Loop) and s.kind == "parallel"]
+            assert all(s.var.name.split("_")[0] == rows.name for s in par), (k.name, str(k))
+            split += bool(par)  # (a copy below PARALLEL_MIN_WORK runs on one thread)
+    assert checked == 4 and split >= 3, (checked, split)  # two padded copies, two pools
+    if width_runs(width):
+        x = np.random.default_rng(4).standard_normal((1, 32, 40, 40)).astype(np.float32)
+        exe = kiln.compile(model, target=width, num_threads=2, cache=False)
+        assert_close(exe.run({"x": x})[0], run_ort(model, {"x": x})[0], 1e-5, width)
