@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx
 
@@ -21,6 +21,9 @@ from kiln.frontend.torch.importer import AtenProgram
 from kiln.graph.ir import Graph
 from kiln.target import Target, host, missing_features, resolve
 from kiln.tune.verify import register_model_builder
+
+if TYPE_CHECKING:
+    from kiln.kernel.dynamic import BatchChunk
 
 __version__ = "0.1.0"
 
@@ -48,7 +51,7 @@ class Compiled:
     kernel_functions: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     tuned: dict[str, dict] = field(default_factory=dict)   # kernel name → the tuning record it runs (apply_tuning)
-    chunk: Any = None  # kernel/dynamic.py BatchChunk: laid out for that many samples, a larger batch run in chunks
+    chunk: BatchChunk | None = None  # laid out for a chunk of samples: a larger batch runs chunk by chunk
 
     @property
     def obj(self) -> bytes:

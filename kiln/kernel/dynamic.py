@@ -218,8 +218,8 @@ def _largest_value_bytes(graph: Graph, bounds: dict[str, tuple[int, int]]) -> in
 
 
 # A model that `per_sample` would split only because, whole, it is too big at its upper bounds — a transformer, whose
-# dense layers would then read their weights once per sample (bert_base_dynamic without bounds: 20.7 ms at batch
-# 4 × 3 tokens, 8.5 with dynamic_bounds batch=1:4) — is laid out whole for a chunk of samples instead, the largest
+# dense layers would then read their weights once per sample (bert_base_dynamic without bounds at batch 4 × 3 tokens:
+# 32.9 ms, 9.5 in chunks; benchmarks/batch_chunks.py) — is laid out whole for a chunk of samples instead, the largest
 # power of two whose biggest activation stays within this (bert_base at 512 tokens: 8 samples, 12.6 MB of attention
 # scores each), and the executable runs a larger batch chunk by chunk (runtime/executable.py)
 CHUNK_VALUE_BYTES = 128 << 20
