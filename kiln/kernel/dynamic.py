@@ -192,12 +192,16 @@ def per_sample(graph: Graph) -> str | None:
     """The symbol the model can run one sample at a time over, or None. It must be the leading dim of every
     activation that has it (and appear nowhere else), every op reading a batched value must write batched values,
     and no op may work along axis 0 of a batched value (a Softmax or Concat over the batch)."""
-    first = [v.shape[0] for v in graph.inputs if v.shape and not is_static(v.shape[0])]
-    cands = {d.name for d in first if getattr(d, "is_Symbol", False)}
-    for name in sorted(cands):
+    for name in _leading_symbols(graph):
         if _splits(graph, name) and (_row_share(graph, name) <= MAX_ROW_SHARE or _too_big_whole(graph)):
             return name
     return None
+
+
+def _leading_symbols(graph: Graph) -> list[str]:
+    """The symbols that are some graph input's leading dim (the batch candidates), sorted."""
+    first = [v.shape[0] for v in graph.inputs if v.shape and not is_static(v.shape[0])]
+    return sorted({d.name for d in first if getattr(d, "is_Symbol", False)})
 
 
 # Unsplit, a model's activations are laid out at every symbol's upper bound at once: BERT's attention scores at
@@ -242,8 +246,7 @@ def batch_chunk(graph: Graph) -> BatchChunk | None:
     too big whole, every output leading with the symbol (the chunks' outputs are concatenated), and at least two
     samples per chunk within CHUNK_VALUE_BYTES."""
     bounds = dict(getattr(graph, "bounds", None) or {})
-    first = [v.shape[0] for v in graph.inputs if v.shape and not is_static(v.shape[0])]
-    for name in sorted({d.name for d in first if getattr(d, "is_Symbol", False)}):
+    for name in _leading_symbols(graph):
         if not (_splits(graph, name) and _too_big_whole(graph) and _row_share(graph, name) > MAX_ROW_SHARE):
             continue
         if not all(v.shape and str(v.shape[0]) == name for v in graph.outputs):
