@@ -8,40 +8,15 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-import ml_dtypes  # noqa: F401  (registers numpy's "bfloat16" dtype: bf16 weights and values, precision="bf16")
 import numpy as np
 
+import kiln.graph.quant_ops  # noqa: F401  (registers the quantized core ops in the op table)
 from kiln.errors import ModelError
-from kiln.graph import symbolic
+from kiln.graph.ops import infer
 from kiln.graph.symbolic import Dim
+from kiln.graph.types import TensorType
 
-
-@dataclass(frozen=True)
-class TensorType:
-    dtype: str                 # numpy dtype name: "float32", "int64", "bool", ...
-    shape: tuple[Dim, ...]     # ints, or sympy expressions of symbols (kiln/graph/symbolic.py)
-
-    def __post_init__(self) -> None:
-        if not all(type(d) is int for d in self.shape):  # normalized: a static dim is always a Python int
-            object.__setattr__(self, "shape", symbolic.normalize_shape(self.shape))
-
-    @property
-    def is_static(self) -> bool:
-        return all(type(d) is int for d in self.shape)
-
-    @property
-    def size(self) -> Dim:
-        """The element count: an int, or a sympy expression where the shape is symbolic."""
-        if self.is_static:
-            return int(np.prod(self.shape, dtype=np.int64))
-        return symbolic.prod(self.shape)
-
-    @property
-    def nbytes(self) -> Dim:
-        return symbolic.normalize(self.size * np.dtype(self.dtype).itemsize)
-
-    def __str__(self) -> str:
-        return f"{self.dtype}[{','.join(map(symbolic.dim_str, self.shape))}]"
+__all__ = ["Graph", "Node", "TensorType", "Value"]
 
 
 @dataclass(eq=False)
@@ -104,8 +79,6 @@ class Graph:
     def add(self, op: str, inputs: list[Value], attrs: dict[str, Any] | None = None, name: str = "",
             out_names: list[str] | None = None) -> list[Value]:
         """Append a node, inferring its output types from the core op table."""
-        from kiln.graph.ops import infer
-
         attrs = attrs or {}
         types = infer(op, [v.type for v in inputs], attrs, name, self.bounds)
         names = out_names or [self.fresh(name or op) for _ in types]
@@ -146,8 +119,6 @@ class Graph:
     # -- checking and printing -----------------------------------------------------------------------------
     def verify(self) -> None:
         """Every input defined before use (topological order), types consistent with the op table."""
-        from kiln.graph.ops import infer
-
         defined = {id(v) for v in self.inputs}
         for n in self.nodes:
             for v in n.inputs:

@@ -14,8 +14,8 @@ import sympy
 
 from kiln.errors import ModelError
 from kiln.graph import symbolic
-from kiln.graph.ir import TensorType
 from kiln.graph.symbolic import Dim
+from kiln.graph.types import TensorType
 
 Infer = Callable[[list[TensorType], dict[str, Any]], list[TensorType]]
 Eval = Callable[[list[np.ndarray], dict[str, Any]], list[np.ndarray]]
@@ -222,6 +222,20 @@ def _conv_shape(ts: list[TensorType], a: dict) -> list[TensorType]:
 
 
 OPS["Conv"] = OpDef(_conv_shape, None, "anchor")
+
+
+def packed_conv_shape(ts: list[TensorType], a: dict) -> list[TensorType]:
+    """PackedConv (graph/passes/pack_weights.py): NCHW output, or blocked [N, Co/cb, OH, OW, cb] with `out_block` =
+    cb (graph/passes/block_layout.py)."""
+    x = ts[0].shape
+    nd = len(a["kernel"])
+    sp = tuple(conv_out(x[2 + i], a["kernel"][i], a["strides"][i], a["pads"][i], a["pads"][i + nd],
+                        a["dilations"][i]) for i in range(nd))
+    ob = a.get("out_block", 0)
+    dt = acc_dtype(ts[0].dtype)
+    if ob:
+        return [TensorType(dt, (x[0], a["co"] // ob) + sp + (ob,))]
+    return [TensorType(dt, (x[0], a["co"]) + sp)]
 OPS["Pool"] = OpDef(lambda ts, a: [TensorType(ts[0].dtype, ts[0].shape[:2] + _spatial_out(ts[0].shape, a["kernel"], a)
                                               + ts[0].shape[2 + len(a["kernel"]):])],  # + the channel block
                     None, "anchor")
@@ -488,7 +502,3 @@ OPS["TopKIndex"] = OpDef(lambda ts, a: [TensorType("int64", tuple(a["k"] if i ==
                                                                  for i, d in enumerate(ts[0].shape)))],
                          None, "data")
 OPS["ReverseSequence"] = OpDef(_same, None, "data")
-
-
-# the quantized core ops (Quantize, Dequantize, MatMulInteger, ConvInteger) register themselves in OPS
-import kiln.graph.quant_ops  # noqa: E402, F401, I001

@@ -16,8 +16,8 @@ from __future__ import annotations
 import numpy as np
 
 from kiln.errors import ModelError
-from kiln.graph.ir import TensorType
-from kiln.graph.ops import OPS, OpDef, _conv_shape, _matmul_shape, broadcast
+from kiln.graph.ops import OPS, OpDef, _conv_shape, _matmul_shape, broadcast, packed_conv_shape
+from kiln.graph.types import TensorType
 from kiln.target import Target
 
 QUANT_DTYPES = ("int8", "uint8")
@@ -102,9 +102,7 @@ def _qpacked_matmul_shape(ts: list[TensorType], a: dict) -> list[TensorType]:
 
 
 def _qpacked_conv_shape(ts: list[TensorType], a: dict) -> list[TensorType]:
-    from kiln.graph.passes.pack_weights import _conv_packed_shape
-
-    (out,) = _conv_packed_shape(ts, a)
+    (out,) = packed_conv_shape(ts, a)
     return [TensorType(a.get("acc", "int32"), out.shape)]
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from kiln.graph.ir import Graph, Node, TensorType, Value
-from kiln.graph.ops import OPS, OpDef, acc_dtype, broadcast, conv_out
+from kiln.graph.ops import OPS, OpDef, acc_dtype, broadcast, packed_conv_shape
 from kiln.strategy import strategy_of
 from kiln.target import Target
 
@@ -42,20 +42,7 @@ def pack(b: np.ndarray, nr: int) -> np.ndarray:
     return np.ascontiguousarray(padded.reshape(k, panels, nr).transpose(1, 0, 2))
 
 
-def _conv_packed_shape(ts: list[TensorType], a: dict) -> list[TensorType]:
-    """NCHW output, or blocked [N, Co/cb, OH, OW, cb] with `out_block` = cb (graph/passes/block_layout.py)."""
-    x = ts[0].shape
-    nd = len(a["kernel"])
-    sp = tuple(conv_out(x[2 + i], a["kernel"][i], a["strides"][i], a["pads"][i], a["pads"][i + nd],
-                        a["dilations"][i]) for i in range(nd))
-    ob = a.get("out_block", 0)
-    dt = acc_dtype(ts[0].dtype)
-    if ob:
-        return [TensorType(dt, (x[0], a["co"] // ob) + sp + (ob,))]
-    return [TensorType(dt, (x[0], a["co"]) + sp)]
-
-
-OPS["PackedConv"] = OpDef(_conv_packed_shape, None, "anchor")
+OPS["PackedConv"] = OpDef(packed_conv_shape, None, "anchor")
 
 
 def lane_fill(n: int, widths: tuple[int, ...]) -> float:
