@@ -55,7 +55,7 @@ def quantization_report(fp32_model: onnx.ModelProto, quantized_model: onnx.Model
     """Per-layer error of the quantized model against the float one, both compiled by Kiln: for every anchor
     output (Conv/MatMul/Gemm, by tensor name in both models) and every graph output, the SNR in dB and the largest
     absolute error over `feeds`. The quantized model's anchors are read where they are materialized as float."""
-    import kiln
+    from kiln.compiler import compile as kiln_compile
     from kiln.frontend.onnx import load_model
     from kiln.quantization.calibrate import instrumented
     from kiln.quantization.qdq import ANCHOR_OPS
@@ -67,8 +67,8 @@ def quantization_report(fp32_model: onnx.ModelProto, quantized_model: onnx.Model
               if n.op_type in ANCHOR_OPS and n.output[0] in q_tensors]
     finals = [(o.name, "output", o.name) for o in f32.graph.output]
     names = [t for t, _, _ in layers + finals]
-    exe_f = kiln.compile(instrumented(f32, names), target=target)
-    exe_q = kiln.compile(instrumented(q, names), target=target)
+    exe_f = kiln_compile(instrumented(f32, names), target=target)
+    exe_q = kiln_compile(instrumented(q, names), target=target)
     ref: dict[str, list[np.ndarray]] = {t: [] for t in names}
     got: dict[str, list[np.ndarray]] = {t: [] for t in names}
     for f in feeds:

@@ -118,12 +118,12 @@ def entropy_threshold(hist: np.ndarray, edges: np.ndarray, levels: int = 128) ->
 def observe(model: onnx.ModelProto, tensors: Sequence[str], feeds: Sequence[dict[str, np.ndarray]], method: str,
             percentile: float, target: str, **compile_kw: object) -> dict[str, tuple[float, float]]:
     """{tensor: (lo, hi)} from running the float model, compiled by Kiln, on the feeds."""
-    import kiln
+    from kiln.compiler import compile as kiln_compile
 
     if method not in METHODS:
         raise ValueError(f"calibration method must be one of {METHODS}, got {method!r}")
     m = instrumented(model, tensors)
-    exe = kiln.compile(m, target=target, **compile_kw)
+    exe = kiln_compile(m, target=target, **compile_kw)
     names = [o["name"] for o in exe.meta["outputs"]]
     missing = [t for t in tensors if t not in names]
     if missing:

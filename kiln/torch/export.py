@@ -22,7 +22,7 @@ def from_torch(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor] |
     target, cache, ...). `dynamic_shapes` is torch.export's (e.g. `({0: Dim("batch", max=8), 1: Dim("seq",
     max=512)},)`): those sizes become Kiln's symbolic dims, bounded by each Dim's range (a Dim without a max: Kiln's
     default bound), and the executable runs every size within them from one compile."""
-    import kiln
+    from kiln.compiler import compile as kiln_compile
 
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
@@ -33,4 +33,4 @@ def from_torch(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor] |
             raise ValueError(f"from_torch: example input {i} is on {x.device}; Kiln compiles for this machine's CPU")
     with torch.no_grad():
         gm = export_core_aten(module, tuple(example_inputs), dynamic_shapes)
-    return kiln.compile(AtenProgram(gm, name=type(module).__name__), **compile_kw)
+    return kiln_compile(AtenProgram(gm, name=type(module).__name__), **compile_kw)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kiln.frontend.importers import _axis, _opt, _scalar, fold_with_reference, importer
-from kiln.frontend.onnx import Ctx, dtype_of
+from kiln.frontend.context import Ctx, dtype_of
+from kiln.frontend.importers.registry import _axis, _opt, _scalar, fold_with_reference, importer
 from kiln.graph import symbolic
 from kiln.graph.ir import Value
 

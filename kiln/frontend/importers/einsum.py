@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kiln.frontend.importers import _scalar, importer
-from kiln.frontend.onnx import Ctx
+from kiln.frontend.context import Ctx
+from kiln.frontend.importers.registry import _scalar, importer
 from kiln.graph.ir import Value
 
 

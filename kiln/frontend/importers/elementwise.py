@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kiln.frontend.importers import importer
-from kiln.frontend.onnx import Ctx, dtype_of
+from kiln.frontend.context import Ctx, dtype_of
+from kiln.frontend.importers.registry import importer
 from kiln.graph.ir import Value
 
 # -- elementwise ---------------------------------------------------------------------------------------------

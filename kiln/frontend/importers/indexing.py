@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from kiln.errors import ModelError
-from kiln.frontend.importers import _axis, importer
-from kiln.frontend.onnx import Ctx
+from kiln.frontend.context import Ctx
+from kiln.frontend.importers.registry import _axis, importer
 from kiln.graph import symbolic
 from kiln.graph.ir import Value
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from kiln.frontend.importers import _axis, _opt, importer
+from kiln.frontend.context import Ctx
 from kiln.frontend.importers.nn import _window
-from kiln.frontend.onnx import Ctx
+from kiln.frontend.importers.registry import _axis, _opt, importer
 from kiln.graph.ir import Value
 from kiln.graph.quant_ops import QUANT_DTYPES
 

@@ -1,8 +1,8 @@
 """Reductions (ReduceSum … ReduceLogSumExp) and ArgMax/ArgMin."""
 from __future__ import annotations
 
-from kiln.frontend.importers import _axis, importer
-from kiln.frontend.onnx import Ctx
+from kiln.frontend.context import Ctx
+from kiln.frontend.importers.registry import _axis, importer
 from kiln.graph.ir import Value
 
 # -- reductions ----------------------------------------------------------------------------------------------

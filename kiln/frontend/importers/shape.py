@@ -5,8 +5,8 @@ import numpy as np
 import sympy
 
 from kiln.errors import ModelError
-from kiln.frontend.importers import _axis, importer
-from kiln.frontend.onnx import Ctx
+from kiln.frontend.context import Ctx
+from kiln.frontend.importers.registry import _axis, importer
 from kiln.graph import symbolic
 from kiln.graph.ir import Value
 from kiln.graph.ops import broadcast, check_size, range_count

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import KilnError, ModelError, UnsupportedOperator
-from kiln.frontend.onnx import Ctx
+from kiln.frontend.context import Ctx
 from kiln.graph import symbolic
 from kiln.graph.ir import Graph, TensorType, Value
 
