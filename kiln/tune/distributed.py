@@ -54,10 +54,9 @@ class RayPool:
         self.started_here = False
         if not ray.is_initialized():
             if address:
-                # another machine's workers import this Kiln from the uploaded package
-                import kiln
+                # another machine's workers import this Kiln from the uploaded package (the kiln directory)
                 ray.init(address=address, log_to_driver=False, configure_logging=False,
-                         runtime_env={"py_modules": [os.path.dirname(kiln.__file__)]})
+                         runtime_env={"py_modules": [os.path.join(_kiln_root(), "kiln")]})
             else:
                 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
                 ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=False,
