@@ -143,18 +143,12 @@ class Executable:
         """A model laid out for a chunk of samples (kernel/dynamic.py: batch_chunk): a larger batch runs chunk by
         chunk — the inputs that lead with the batch symbol cut along it, the others whole —, the outputs (each
         leading with it) concatenated."""
-        sym, samples, (lo, hi) = chunk["symbol"], chunk["samples"], chunk["bounds"]
+        from kiln.runtime.shapes import bind
+
+        sym, samples = chunk["symbol"], chunk["samples"]
+        # the whole batch checked against the bounds it was compiled for (the layout's bound is the chunk's)
+        n = bind(self.inputs, ins, {**self.dynamic["bounds"], sym: tuple(chunk["bounds"])})[sym]
         lead = [i for i, s in enumerate(self.inputs) if s.shape and s.shape[0] == sym]
-        if any(ins[i].ndim != len(self.inputs[i].shape) for i in lead):
-            return self._run_dynamic(ins, profile)  # (which names the input of the wrong rank)
-        sizes = {ins[i].shape[0] for i in lead}
-        if len(sizes) > 1:
-            raise ValueError(f"inputs disagree on the symbolic dim '{sym}': "
-                             + ", ".join(f"{ins[i].shape[0]} in '{self.inputs[i].name}'" for i in lead))
-        n = sizes.pop()
-        if not lo <= n <= hi:
-            raise ValueError(f"symbolic dim '{sym}' = {n} is outside the bounds [{lo}, {hi}] this executable was "
-                             f"compiled for: compile with dynamic_bounds={{'{sym}': ({lo}, {max(hi, n)})}}")
         if n <= samples:
             return self._run_dynamic(ins, profile)
         parts = [self._run_dynamic([a[start:start + samples] if i in lead else a for i, a in enumerate(ins)], profile)
