@@ -24,6 +24,7 @@ from kiln.graph.ir import Graph, TensorType, Value
 
 MIN_OPSET, MAX_OPSET = 7, 22
 
+
 def load_model(model: onnx.ModelProto | str | bytes | os.PathLike) -> onnx.ModelProto:
     """Read a model from a path, bytes or proto; a malformed file is a ModelError, not a crash."""
     if isinstance(model, onnx.ModelProto):

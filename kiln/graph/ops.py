@@ -236,6 +236,8 @@ def packed_conv_shape(ts: list[TensorType], a: dict) -> list[TensorType]:
     if ob:
         return [TensorType(dt, (x[0], a["co"] // ob) + sp + (ob,))]
     return [TensorType(dt, (x[0], a["co"]) + sp)]
+
+
 OPS["Pool"] = OpDef(lambda ts, a: [TensorType(ts[0].dtype, ts[0].shape[:2] + _spatial_out(ts[0].shape, a["kernel"], a)
                                               + ts[0].shape[2 + len(a["kernel"]):])],  # + the channel block
                     None, "anchor")

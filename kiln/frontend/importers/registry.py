@@ -73,6 +73,7 @@ def _axis(ax: int, rank: int, cx: Ctx) -> int:
         raise cx.unsupported(f"axis {ax} is out of range for rank {rank}")
     return ax % max(rank, 1)
 
+
 def _scalar(cx: Ctx, v: float, like: Value) -> Value:
     return cx.constant(np.array(v, dtype=like.dtype))
 
