@@ -7,8 +7,9 @@ before it; each system runs in its own process, the processes alternate.
 
     python benchmarks/cross_l3.py [zoo model ...] [--rounds 6] [--seconds 8] [--kernels]
 
-Prints per model and system the median ms on one L3 / on two (and how many batches each), and the 10th-90th
-percentile over all batches. `--kernels`: Kiln's kernels whose time grows most on two L3s (profile hook)."""
+Prints per model and system the median ms on one L3 / on two (and how many batches each), their ratio (the growth
+issue 19.4 compares with onnxruntime's), and the 10th-90th percentile over all batches. `--kernels`: Kiln's kernels
+whose time grows most on two L3s (profile hook)."""
 from __future__ import annotations
 
 import argparse
@@ -67,8 +68,8 @@ def main() -> None:
     if len(os.sched_getaffinity(0)) < 2:
         sys.exit("needs two CPUs")
     systems = a.systems.split(",")
-    print("| model | system | one L3: median ms (batches) | two L3s: median ms (batches) | p10–p90 ms |")
-    print("|---|---|---:|---:|---|")
+    print("| model | system | one L3: median ms (batches) | two L3s: median ms (batches) | two ÷ one | p10–p90 ms |")
+    print("|---|---|---:|---:|---:|---|")
     for name in a.models:
         rows: dict[str, list] = {s: [] for s in systems}
         for r in range(a.rounds):
@@ -82,7 +83,8 @@ def main() -> None:
             two = [ms for ns, ms, _ in rows[s] if ns >= TWO_L3_NS]
             every = [ms for _, ms, _ in rows[s]]
             cell = lambda xs: f"{np.median(xs):.2f} ({len(xs)})" if xs else "– (0)"  # noqa: E731
-            print(f"| {name} | {s} | {cell(one)} | {cell(two)} | "
+            grow = f"{np.median(two) / np.median(one):.3f}" if one and two else "–"
+            print(f"| {name} | {s} | {cell(one)} | {cell(two)} | {grow} | "
                   f"{np.percentile(every, 10):.2f}–{np.percentile(every, 90):.2f} |")
         if a.kernels and "kiln" in systems:
             per = {k: ([], []) for _, _, prof in rows["kiln"] for k in prof}
