@@ -78,15 +78,17 @@ def loops(items: list[Insn | str]) -> list[tuple[int, int]]:
 
 
 def hot_loop(asm: str) -> list[Insn]:
-    """The innermost loop with the most vector FMAs (then the longest); [] for straight-line code."""
+    """The innermost loop with the most vector FMAs, then (SSE has none) vector multiplies, then the longest; [] for
+    straight-line code. (A Winograd product fused with its input transform holds the transform's loop too: longer,
+    without a multiply.)"""
     items = parse(asm)
     ls = loops(items)
     inner = [(a, b) for a, b in ls if not any(a <= c and d <= b and (c, d) != (a, b) for c, d in ls)]
     best: list[Insn] = []
-    best_key = (-1, -1)
+    best_key = (-1, -1, -1)
     for a, b in inner:
         body = [x for x in items[a:b + 1] if isinstance(x, Insn)]
-        key = (sum(classify(i) == "vector FMA" for i in body), len(body))
+        key = (sum(classify(i) == "vector FMA" for i in body), sum("mulp" in i.mnemonic for i in body), len(body))
         if key > best_key:
             best, best_key = body, key
     return best

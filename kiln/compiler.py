@@ -33,7 +33,7 @@ PASS_OPTIONS: tuple[str, ...] = ("quantize_qdq", "fold_constants", "recognize_ge
                                  "block_layout", "winograd", "pack_weights", "lower_precision", "fusion",
                                  "fuse_elementwise", "fuse_epilogue", "fuse_axes", "vectorize", "register_tile",
                                  "prefetch", "pack_operands", "parallel", "memory_reuse", "amx", "dpbf16",
-                                 "mmla", "compact_rows")
+                                 "mmla", "compact_rows", "fuse_winograd")
 # switches that only matter for a bf16 or int8 build (`kiln bench --ablate` skips them for an fp32 build)
 PRECISION_OPTIONS: tuple[str, ...] = ("lower_precision", "amx", "dpbf16", "mmla")
 
@@ -131,6 +131,7 @@ def lower_graph(graph: Graph, target: Target, num_threads: int, options: dict[st
     from kiln.kernel.dynamic import DynamicDims, batch_chunk
     from kiln.runtime.memory import plan_memory
     from kiln.schedule.default import schedule_program
+    from kiln.schedule.winograd_fuse import fuse_winograd
     from kiln.tune.apply import apply_tuning
 
     t = t0 if t0 is not None else time.perf_counter()
@@ -160,6 +161,8 @@ def lower_graph(graph: Graph, target: Target, num_threads: int, options: dict[st
         for b in k.scratch[len(names) - len(k.args):]:                       #    scratch the schedule added
             names.append(f"{k.name}.{b.name}")
             prog.buffers[names[-1]] = b
+    if options.get("fuse_winograd", True) and dims is None:                 # 4b. Winograd input transforms into
+        fuse_winograd(prog)                                                  #     their products, block by block
     tr("kernels", prog)
     units = split_kernels(prog, jobs if stop_after == "object" else 1, bounds_check)  # 5. kernels → compile units
     building = start_units(prog, units, target, jobs) if len(units) > 1 else None  # forked: IR, -O3, object each

@@ -1,0 +1,212 @@
+"""Fuse a Winograd input transform into the product that reads its V, tile block by tile block (step 4b of
+`compiler.lower_graph`; option `fuse_winograd`).
+
+Scheduled apart, the transform writes all of V (layer1 of resnet18: 3.2 MB, past L2) and the product reads it back;
+when the host puts the two vCPUs on different L3s, V's lines move between the cores on the way (resnet18 grows 1.10×
+there with Winograd, 1.03× without — README, sixth session). Where the product's parallel loop takes one tile block
+per (position, output-channel block) iteration and its thread parts split the blocks (schedule/tile.py:
+`_thread_parts`, hint rows_outer), every block's product reads only the V of its own MR tiles. Fused, one parallel
+loop over the blocks transforms a block's tiles and at once runs every product iteration of that block:
+
+    before:  for (b, t, cib) parallel:  V[b, r, c, cib, t, :] = Bᵀ·d·B        (16 stores, schedule/winograd.py)
+             for tile0 parallel:        (r, c, cob, block) = decode(tile0);  M[…, block·MR + i, :] = Σ V·U
+    after:   for block parallel:
+               for i < MR, cib:          V[b, r, c, cib, block·MR + i, :] = Bᵀ·d·B
+               for q < Q:                tile0 = encode(block, q);  M[…] = Σ V·U      (V hot in this core's L1/L2)
+
+Both loop nests are the scheduled ones, re-indexed: the transform's fused index becomes (block·MR + i)·CIB + cib, the
+product's tile0 = (block // per)·Q·per + q·per + block % per (its thread parts outermost, `per` blocks each) — both
+checked by evaluating the nests' V indices over their iterations; a pair that fits otherwise (batch > 1, a tail
+block, a product split by position: fused, each thread would stream all of U) is left as it was. V stays an arena
+buffer, written and read by one kernel now.
+
+resnet18 at AVX-512 fuses layer1's and layer2's seven pairs (`python benchmarks/option_by_host_state.py resnet18 --off
+fuse_winograd --rounds 200`, Zen 5): on one L3 unchanged (paired 1.001, 120 rounds), on two L3s 3.0% faster (75
+rounds); the model's growth from one L3 to two 1.073× → 1.046× in that run."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from kiln.kernel.build import Group, Program
+from kiln.kernel.ir import (
+    Bin,
+    Buffer,
+    Const,
+    Expr,
+    If,
+    Kernel,
+    Load,
+    Loop,
+    Stmt,
+    Store,
+    Var,
+    children,
+    rebuild,
+    substitute,
+    uses_var,
+    value_at,
+    walk,
+)
+from kiln.schedule.primitives import rename
+
+I64 = "int64"
+
+
+def fuse_winograd(prog: Program) -> int:
+    """Fuse every (input transform, product) pair that fits; returns how many."""
+    fused, k = 0, 0
+    while k + 1 < len(prog.kernels):
+        new = _fuse_pair(prog, k)
+        if new is None:
+            k += 1
+            continue
+        prog.kernels[k:k + 2] = [new]
+        prog.bindings[k:k + 2] = [prog.bindings[k + 1] + [prog.bindings[k][1]]]
+        if len(prog.groups) > k + 1:  # the graph nodes each kernel computes (kiln explain, profiles)
+            ga, gb = prog.groups[k], prog.groups[k + 1]
+            prog.groups[k:k + 2] = [Group(ga.computes + gb.computes, ga.temps + gb.temps, ga.nodes + gb.nodes,
+                                          gb.output)]
+        fused += 1
+        k += 1
+    return fused
+
+
+def _fuse_pair(prog: Program, k: int) -> Kernel | None:
+    a, b = prog.kernels[k], prog.kernels[k + 1]
+    if len(a.computes) != 1 or a.computes[0].hints.get("winograd") != "input" or a.scratch or b.scratch:
+        return None
+    if len(b.computes) != 1 or b.computes[0].hints.get("op") != "WinogradProduct" or len(a.args) != 2:
+        return None
+    v_name, x_name = prog.bindings[k]
+    names_b = prog.bindings[k + 1]
+    if v_name not in names_b or any(v_name in names for i, names in enumerate(prog.bindings) if i not in (k, k + 1)):
+        return None
+    if len(a.body) != 1 or len(b.body) != 1:
+        return None
+    la, lb = a.body[0], b.body[0]
+    if not (isinstance(la, Loop) and isinstance(lb, Loop) and la.kind == lb.kind == "parallel"):
+        return None
+    v_a = a.args[0]                                    # V, as the transform names it
+    v_b = b.args[names_b.index(v_name)]                # … and as the product does
+    nb, _, _, ncib, nt, _ = v_a.shape
+    if nb != 1 or value_at(la.extent, {}) != nt * ncib or value_at(lb.extent, {}) is None:
+        return None
+    if not _transform_order(la, v_a.name, ncib):
+        return None
+    found = _product_blocks(lb, v_b.name)
+    if found is None:
+        return None
+    mr, encode, n_blocks, q_count = found
+    if n_blocks * mr != nt:
+        return None
+    if x_name in names_b:
+        return None
+    block, i, cib, q = Var("wblock"), Var("wtile"), Var("wcib"), Var("wq")
+    taken = {x.name for x in b.args}
+    x_new = Buffer(next(n for n in (f"b{j}" for j in range(len(taken), 2 * len(taken) + 2)) if n not in taken),
+                   a.args[1].dtype, a.args[1].shape)
+    bufs = {a.args[0].name: v_b.name, a.args[1].name: x_new.name}
+    fused_index = (block * mr + i) * ncib + cib
+    transform = [_rename_bufs(s, bufs) for s in rename(la.body, {la.var: fused_index})]
+    product = rename(lb.body, {lb.var: encode(block, q)})
+    body: list[Stmt] = [
+        Loop(i, Const(mr, I64), [Loop(cib, Const(ncib, I64), transform)]),
+        Loop(q, Const(q_count, I64), product),
+    ]
+    top = Loop(block, Const(n_blocks, I64), body, "parallel", chunks=lb.chunks)
+    (ca,) = a.computes
+    transform_compute = replace(ca, out=v_b.name, body=_rename_expr(ca.body, bufs))
+    return replace(b, args=list(b.args) + [x_new], computes=[transform_compute, *b.computes], body=[top],
+                   flops=a.flops + b.flops)
+
+
+def _transform_order(loop: Loop, v: str, ncib: int) -> bool:
+    """Does the transform's fused index run (tile, channel block), the block fastest? Checked on its V stores."""
+    stores = [s for s in _walk_stmts(loop.body) if isinstance(s, Store) and s.buf == v]
+    if not stores:
+        return False
+    for x in range(min(value_at(loop.extent, {}), 4 * ncib + 3)):
+        at = {loop.var: Const(x, I64)}
+        got = [value_at(substitute(stores[0].index[d], at), {}) for d in (3, 4)]
+        if got != [x % ncib, x // ncib]:
+            return False
+    return True
+
+
+def _product_blocks(loop: Loop, v: str):  # noqa: ANN202 - (MR, encode, blocks, iterations per block) | None
+    """The product's tile blocks: MR (its unrolled tile loop's extent), and how its parallel index tile0 maps to
+    (block, q) — checked over every iteration against the block its V loads read."""
+    loads = [e for s in _walk_stmts(loop.body) for e in _exprs(s) if isinstance(e, Load) and e.buf == v]
+    if not loads or any(isinstance(s, If) for s in loop.body):
+        return None
+    tile_index = loads[0].index[4]
+    inner = [s for s in _walk_stmts(loop.body) if isinstance(s, Loop) and s.kind == "unroll"
+             and uses_var(tile_index, s.var)]
+    if len({s.var for s in inner}) != 1:  # (the accumulating loop and the storing one share the tile index)
+        return None
+    mr = value_at(inner[0].extent, {})
+    total = value_at(loop.extent, {})
+    if not mr or not total:
+        return None
+    blocks = {}
+    for t0 in range(total):
+        start = value_at(substitute(tile_index, {loop.var: Const(t0, I64), inner[0].var: Const(0, I64)}), {})
+        if start is None or start % mr:
+            return None
+        blocks.setdefault(start // mr, []).append(t0)
+    n = len(blocks)
+    per_block = {len(v) for v in blocks.values()}
+    if len(per_block) != 1 or sorted(blocks) != list(range(n)):
+        return None
+    q_count = per_block.pop()
+    # only a product whose thread parts split the blocks (each thread already streams all of U): fused, a product
+    # split by position (a weight-heavy stage) would have every thread stream all of U
+    for parts in (p for p in (2, 3, 4, 6, 8) if n % p == 0):
+        per = n // parts
+
+        def enc(block: Expr, q: Expr, per: int = per) -> Expr:  # (part, q, within), the within part fastest
+            return Bin("//", block, Const(per, I64)) * (q_count * per) + q * per + Bin("%", block, Const(per, I64))
+        if all(blocks[bl] == [(bl // per) * q_count * per + j * per + bl % per for j in range(q_count)]
+               for bl in range(n)):
+            return mr, enc, n, q_count
+    return None
+
+
+def _walk_stmts(stmts: list[Stmt]) -> list[Stmt]:
+    out: list[Stmt] = []
+    for s in stmts:
+        out.append(s)
+        if isinstance(s, Loop):
+            out += _walk_stmts(s.body)
+        elif isinstance(s, If):
+            out += _walk_stmts(s.body) + _walk_stmts(s.orelse)
+    return out
+
+
+def _exprs(s: Stmt) -> list[Expr]:
+    roots: list[Expr] = []
+    if isinstance(s, Store):
+        roots = [*s.index, s.value]
+    elif hasattr(s, "value") and isinstance(s.value, Expr):
+        roots = [s.value]
+    return [e for r in roots for e in walk(r)]
+
+
+def _rename_expr(e: Expr, bufs: dict[str, str]) -> Expr:
+    kids = children(e)
+    new = [_rename_expr(x, bufs) for x in kids]
+    out = rebuild(e, new) if any(n is not o for n, o in zip(new, kids)) else e
+    if isinstance(out, Load) and out.buf in bufs:
+        out = replace(out, buf=bufs[out.buf])
+    return out
+
+
+def _rename_bufs(s: Stmt, bufs: dict[str, str]) -> Stmt:
+    if isinstance(s, Store):
+        return Store(bufs.get(s.buf, s.buf), tuple(_rename_expr(i, bufs) for i in s.index), _rename_expr(s.value, bufs))
+    if isinstance(s, Loop):
+        return replace(s, body=[_rename_bufs(x, bufs) for x in s.body])
+    if isinstance(s, If):
+        return replace(s, cond=_rename_expr(s.cond, bufs), body=[_rename_bufs(x, bufs) for x in s.body],
+                       orelse=[_rename_bufs(x, bufs) for x in s.orelse])
+    raise TypeError(f"a Winograd input transform holds {type(s).__name__}")
