@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+
 from kiln.kernel.build import Group, Program
 from kiln.kernel.ir import (
     Bin,
@@ -42,7 +44,6 @@ from kiln.kernel.ir import (
     Var,
     children,
     rebuild,
-    substitute,
     uses_var,
     value_at,
     walk,
@@ -55,8 +56,9 @@ I64 = "int64"
 def fuse_winograd(prog: Program) -> int:
     """Fuse every (input transform, product) pair that fits; returns how many."""
     fused, k = 0, 0
+    done: dict[tuple[int, int], Kernel | None] = {}  # repeated blocks share their scheduled nests: fuse those once
     while k + 1 < len(prog.kernels):
-        new = _fuse_pair(prog, k)
+        new = _fuse_pair(prog, k, done)
         if new is None:
             k += 1
             continue
@@ -71,7 +73,7 @@ def fuse_winograd(prog: Program) -> int:
     return fused
 
 
-def _fuse_pair(prog: Program, k: int) -> Kernel | None:
+def _fuse_pair(prog: Program, k: int, done: dict[tuple[int, int], Kernel | None]) -> Kernel | None:
     a, b = prog.kernels[k], prog.kernels[k + 1]
     if len(a.computes) != 1 or a.computes[0].hints.get("winograd") != "input" or a.scratch or b.scratch:
         return None
@@ -86,6 +88,23 @@ def _fuse_pair(prog: Program, k: int) -> Kernel | None:
     la, lb = a.body[0], b.body[0]
     if not (isinstance(la, Loop) and isinstance(lb, Loop) and la.kind == lb.kind == "parallel"):
         return None
+    key = (id(la), id(lb))
+    if key in done:  # the same nests (and so the same buffer names) as a pair fused before: share its fused nest
+        twin = done[key]
+        if twin is None:
+            return None
+        (ca,), x_new = a.computes, twin.args[-1]
+        v_b = b.args[names_b.index(v_name)]
+        moved = replace(ca, out=v_b.name, body=_rename_expr(ca.body, {a.args[0].name: v_b.name,
+                                                                      a.args[1].name: x_new.name}))
+        return replace(b, args=list(twin.args), computes=[moved, *b.computes], body=twin.body,
+                       flops=a.flops + b.flops)
+    done[key] = fused = _fuse_nests(a, b, prog.bindings[k], names_b, la, lb)
+    return fused
+
+
+def _fuse_nests(a: Kernel, b: Kernel, names_a: list[str], names_b: list[str], la: Loop, lb: Loop) -> Kernel | None:
+    v_name, x_name = names_a
     v_a = a.args[0]                                    # V, as the transform names it
     v_b = b.args[names_b.index(v_name)]                # … and as the product does
     nb, _, _, ncib, nt, _ = v_a.shape
@@ -107,7 +126,8 @@ def _fuse_pair(prog: Program, k: int) -> Kernel | None:
                    a.args[1].dtype, a.args[1].shape)
     bufs = {a.args[0].name: v_b.name, a.args[1].name: x_new.name}
     fused_index = (block * mr + i) * ncib + cib
-    transform = [_rename_bufs(s, bufs) for s in rename(la.body, {la.var: fused_index})]
+    memo: dict[Expr, Expr] = {}
+    transform = [_rename_bufs(s, bufs, memo) for s in rename(la.body, {la.var: fused_index})]
     product = rename(lb.body, {lb.var: encode(block, q)})
     body: list[Stmt] = [
         Loop(i, Const(mr, I64), [Loop(cib, Const(ncib, I64), transform)]),
@@ -115,7 +135,7 @@ def _fuse_pair(prog: Program, k: int) -> Kernel | None:
     ]
     top = Loop(block, Const(n_blocks, I64), body, "parallel", chunks=lb.chunks)
     (ca,) = a.computes
-    transform_compute = replace(ca, out=v_b.name, body=_rename_expr(ca.body, bufs))
+    transform_compute = replace(ca, out=v_b.name, body=_rename_expr(ca.body, bufs, memo))
     return replace(b, args=list(b.args) + [x_new], computes=[transform_compute, *b.computes], body=[top],
                    flops=a.flops + b.flops)
 
@@ -123,14 +143,14 @@ def _fuse_pair(prog: Program, k: int) -> Kernel | None:
 def _transform_order(loop: Loop, v: str, ncib: int) -> bool:
     """Does the transform's fused index run (tile, channel block), the block fastest? Checked on its V stores."""
     stores = [s for s in _walk_stmts(loop.body) if isinstance(s, Store) and s.buf == v]
-    if not stores:
+    x = np.arange(value_at(loop.extent, {}) or 0, dtype=np.int64)
+    if not stores or not len(x):
         return False
-    for x in range(min(value_at(loop.extent, {}), 4 * ncib + 3)):
-        at = {loop.var: Const(x, I64)}
-        got = [value_at(substitute(stores[0].index[d], at), {}) for d in (3, 4)]
-        if got != [x % ncib, x // ncib]:
-            return False
-    return True
+    try:
+        got = [np.broadcast_to(_ev(stores[0].index[d], {loop.var.name: x}), x.shape) for d in (3, 4)]
+    except KeyError:
+        return False
+    return np.array_equal(got[0], x % ncib) and np.array_equal(got[1], x // ncib)
 
 
 def _product_blocks(loop: Loop, v: str):  # noqa: ANN202 - (MR, encode, blocks, iterations per block) | None
@@ -140,36 +160,52 @@ def _product_blocks(loop: Loop, v: str):  # noqa: ANN202 - (MR, encode, blocks, 
     if not loads or any(isinstance(s, If) for s in loop.body):
         return None
     tile_index = loads[0].index[4]
-    inner = [s for s in _walk_stmts(loop.body) if isinstance(s, Loop) and s.kind == "unroll"
-             and uses_var(tile_index, s.var)]
-    if len({s.var for s in inner}) != 1:  # (the accumulating loop and the storing one share the tile index)
+    inner = {s.var: s.extent for s in _walk_stmts(loop.body) if isinstance(s, Loop) and s.kind == "unroll"
+             and uses_var(tile_index, s.var)}
+    if len(inner) != 1:  # (the accumulating loop and the storing one share the tile index)
         return None
-    mr = value_at(inner[0].extent, {})
-    total = value_at(loop.extent, {})
+    (i_var, i_extent), = inner.items()
+    mr, total = value_at(i_extent, {}), value_at(loop.extent, {})
     if not mr or not total:
         return None
-    blocks = {}
-    for t0 in range(total):
-        start = value_at(substitute(tile_index, {loop.var: Const(t0, I64), inner[0].var: Const(0, I64)}), {})
-        if start is None or start % mr:
-            return None
-        blocks.setdefault(start // mr, []).append(t0)
-    n = len(blocks)
-    per_block = {len(v) for v in blocks.values()}
-    if len(per_block) != 1 or sorted(blocks) != list(range(n)):
+    t0 = np.arange(total, dtype=np.int64)
+    try:
+        start = np.broadcast_to(_ev(tile_index, {loop.var.name: t0, i_var.name: np.zeros_like(t0)}), t0.shape)
+    except KeyError:
         return None
-    q_count = per_block.pop()
+    if (start % mr).any():
+        return None
+    block = start // mr
+    n = int(block.max()) + 1
+    counts = np.bincount(block, minlength=n)
+    if counts.min() != counts.max():
+        return None
+    q_count = int(counts[0])
     # only a product whose thread parts split the blocks (each thread already streams all of U): fused, a product
     # split by position (a weight-heavy stage) would have every thread stream all of U
     for parts in (p for p in (2, 3, 4, 6, 8) if n % p == 0):
         per = n // parts
+        if np.array_equal(block, (t0 // (q_count * per)) * per + t0 % per):
 
-        def enc(block: Expr, q: Expr, per: int = per) -> Expr:  # (part, q, within), the within part fastest
-            return Bin("//", block, Const(per, I64)) * (q_count * per) + q * per + Bin("%", block, Const(per, I64))
-        if all(blocks[bl] == [(bl // per) * q_count * per + j * per + bl % per for j in range(q_count)]
-               for bl in range(n)):
+            def enc(blk: Expr, q: Expr, per: int = per) -> Expr:  # (part, q, within): the within part fastest
+                return Bin("//", blk, Const(per, I64)) * (q_count * per) + q * per + Bin("%", blk, Const(per, I64))
             return mr, enc, n, q_count
     return None
+
+
+_OPS = {"+": np.add, "-": np.subtract, "*": np.multiply, "//": np.floor_divide, "%": np.mod, "max": np.maximum,
+        "min": np.minimum}
+
+
+def _ev(e: Expr, env: dict[str, np.ndarray]) -> np.ndarray | int:
+    """An integer index expression over arrays of loop-variable values (KeyError: anything else in it)."""
+    if isinstance(e, Const) and isinstance(e.value, (int, np.integer)) and not isinstance(e.value, bool):
+        return int(e.value)
+    if isinstance(e, Var):
+        return env[e.name]
+    if isinstance(e, Bin) and e.op in _OPS:
+        return _OPS[e.op](_ev(e.a, env), _ev(e.b, env))
+    raise KeyError(repr(e))
 
 
 def _walk_stmts(stmts: list[Stmt]) -> list[Stmt]:
@@ -192,21 +228,24 @@ def _exprs(s: Stmt) -> list[Expr]:
     return [e for r in roots for e in walk(r)]
 
 
-def _rename_expr(e: Expr, bufs: dict[str, str]) -> Expr:
-    kids = children(e)
-    new = [_rename_expr(x, bufs) for x in kids]
-    out = rebuild(e, new) if any(n is not o for n, o in zip(new, kids)) else e
-    if isinstance(out, Load) and out.buf in bufs:
-        out = replace(out, buf=bufs[out.buf])
-    return out
+def _rename_expr(e: Expr, bufs: dict[str, str], memo: dict[Expr, Expr] | None = None) -> Expr:
+    """`e` with its loads of the buffers in `bufs` renamed (shared sub-expressions rebuilt once)."""
+    memo = {} if memo is None else memo
+    if e not in memo:
+        kids = children(e)
+        new = [_rename_expr(x, bufs, memo) for x in kids]
+        out = rebuild(e, new) if any(n is not o for n, o in zip(new, kids)) else e
+        memo[e] = replace(out, buf=bufs[out.buf]) if isinstance(out, Load) and out.buf in bufs else out
+    return memo[e]
 
 
-def _rename_bufs(s: Stmt, bufs: dict[str, str]) -> Stmt:
+def _rename_bufs(s: Stmt, bufs: dict[str, str], memo: dict[Expr, Expr]) -> Stmt:
     if isinstance(s, Store):
-        return Store(bufs.get(s.buf, s.buf), tuple(_rename_expr(i, bufs) for i in s.index), _rename_expr(s.value, bufs))
+        return Store(bufs.get(s.buf, s.buf), tuple(_rename_expr(i, bufs, memo) for i in s.index),
+                     _rename_expr(s.value, bufs, memo))
     if isinstance(s, Loop):
-        return replace(s, body=[_rename_bufs(x, bufs) for x in s.body])
+        return replace(s, body=[_rename_bufs(x, bufs, memo) for x in s.body])
     if isinstance(s, If):
-        return replace(s, cond=_rename_expr(s.cond, bufs), body=[_rename_bufs(x, bufs) for x in s.body],
-                       orelse=[_rename_bufs(x, bufs) for x in s.orelse])
+        return replace(s, cond=_rename_expr(s.cond, bufs, memo), body=[_rename_bufs(x, bufs, memo) for x in s.body],
+                       orelse=[_rename_bufs(x, bufs, memo) for x in s.orelse])
     raise TypeError(f"a Winograd input transform holds {type(s).__name__}")
