@@ -19,6 +19,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 import kiln
+from kiln.kernel.ir import walk_stmts
 from kiln.target import X86_WIDTHS, resolve, runs_here
 
 # the graph is verified after every pass here (a user's compile checks it once, after the last pass): a pass that
@@ -110,12 +111,7 @@ def run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.nda
 WIDTHS: tuple[str, ...] = tuple(X86_WIDTHS) if resolve("host").arch == "x86_64" else ()
 
 
-def nest_stmts(body: list) -> list:
-    """Every statement of a loop nest in order, nested ones included (loop bodies, both sides of an If)."""
-    out = []
-    for st in body:
-        out += [st, *nest_stmts(getattr(st, "body", None) or []), *nest_stmts(getattr(st, "orelse", None) or [])]
-    return out
+nest_stmts = walk_stmts  # every statement of a loop nest in order (kiln/kernel/ir.py)
 
 
 def width_runs(width: str) -> bool:

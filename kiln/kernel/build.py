@@ -93,8 +93,10 @@ def _replace_loads(e: Expr, buf: str, fn) -> Expr:  # noqa: ANN001
     return go(e)
 
 
-def _rename_loads(e: Expr, canon: dict[str, str]) -> Expr:
-    memo: dict[Expr, Expr] = {}
+def rename_loads(e: Expr, canon: dict[str, str], memo: dict[Expr, Expr] | None = None) -> Expr:
+    """`e` with every Load's buffer renamed through `canon` (which must name each); `memo` may be shared by calls
+    over expressions with common parts (a Winograd transform's 16 stores: schedule/winograd_fuse.py)."""
+    memo = {} if memo is None else memo
 
     def go(x: Expr) -> Expr:
         if x not in memo:
@@ -310,7 +312,7 @@ def make_kernel(g: Group, prog: Program, name: str) -> Kernel:
     args = [x for x in used if x not in temps]
     scratch = [x for x in used if x in temps]
     canon = {x: f"b{i}" for i, x in enumerate(args + scratch)}
-    comps = [Compute(canon[c.out], c.axes, c.extents, _final_body(_rename_loads(c.body, canon)), c.store, c.hints)
+    comps = [Compute(canon[c.out], c.axes, c.extents, _final_body(rename_loads(c.body, canon)), c.store, c.hints)
              for c in g.computes]
     k = Kernel(name, [Buffer(canon[x], prog.buffers[x].dtype, prog.buffers[x].shape) for x in args],
                [Buffer(canon[x], prog.buffers[x].dtype, prog.buffers[x].shape) for x in scratch], comps)

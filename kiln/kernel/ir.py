@@ -348,6 +348,18 @@ def walk(e: Expr) -> list[Expr]:
     return out
 
 
+def walk_stmts(stmts: list[Stmt]) -> list[Stmt]:
+    """Every statement of a loop nest in order, nested ones included (loop bodies, both sides of an If)."""
+    out: list[Stmt] = []
+    for s in stmts:
+        out.append(s)
+        if isinstance(s, Loop):
+            out += walk_stmts(s.body)
+        elif isinstance(s, If):
+            out += walk_stmts(s.body) + walk_stmts(s.orelse)
+    return out
+
+
 def uses_var(e: Expr, v: Var) -> bool:
     return any(x == v for x in walk(e))
 

@@ -68,6 +68,7 @@ from kiln.kernel.ir import (
     substitute,
     uses_var,
     walk,
+    walk_stmts,
 )
 from kiln.library import library_of, require
 
@@ -281,7 +282,7 @@ def schedule_library(k: Kernel, c: Compute, tag: str, threads: int, options: dic
         ldc = as_matrix(g.m, g.n, out.strides)[1]
     nest = _calls(lib, g, a, b, out, fa, fb, ldc, f"{c.out}{tag}",
                   threads if options.get("parallel", True) and not getattr(lib, "THREADED", True) else 1)
-    call = next(s for s in _flat(nest) if isinstance(s, Call))
+    call = next(s for s in walk_stmts(nest) if isinstance(s, Call))
     if call.fn not in k.symbols:
         k.symbols.append(call.fn)
     k.strategies[node] = f"library:{name}"
@@ -328,15 +329,6 @@ def _integer(k: Kernel, c: Compute, g: Gemm, lib: object, name: str, dtypes: tup
     epilogue = Compute(c.out, c.axes, c.extents, substitute(c.body, {g.reduce: Load(acc.name, index, "int32")}),
                        c.store)
     return LibraryNest(pre, [Store(co.name, (ZERO,), Const(0, "int32")), *nest], [epilogue])
-
-
-def _flat(stmts: list[Stmt]) -> list[Stmt]:
-    out: list[Stmt] = []
-    for s in stmts:
-        out.append(s)
-        if isinstance(s, Loop):
-            out += _flat(s.body)
-    return out
 
 
 def _unmerge(axes: list[Axis], flat: Expr) -> dict[Var, Expr]:

@@ -29,10 +29,11 @@ from dataclasses import replace
 
 import numpy as np
 
-from kiln.kernel.build import Group, Program
+from kiln.kernel.build import Group, Program, rename_loads
 from kiln.kernel.ir import (
     Bin,
     Buffer,
+    Compute,
     Const,
     Expr,
     If,
@@ -42,11 +43,10 @@ from kiln.kernel.ir import (
     Stmt,
     Store,
     Var,
-    children,
-    rebuild,
     uses_var,
     value_at,
     walk,
+    walk_stmts,
 )
 from kiln.schedule.primitives import rename
 
@@ -93,18 +93,17 @@ def _fuse_pair(prog: Program, k: int, done: dict[tuple[int, int], Kernel | None]
         twin = done[key]
         if twin is None:
             return None
-        (ca,), x_new = a.computes, twin.args[-1]
-        v_b = b.args[names_b.index(v_name)]
-        moved = replace(ca, out=v_b.name, body=_rename_expr(ca.body, {a.args[0].name: v_b.name,
-                                                                      a.args[1].name: x_new.name}))
-        return replace(b, args=list(twin.args), computes=[moved, *b.computes], body=twin.body,
-                       flops=a.flops + b.flops)
+        return replace(b, args=list(twin.args), body=twin.body, flops=a.flops + b.flops,
+                       computes=[_moved_transform(a, b.args[names_b.index(v_name)].name, twin.args[-1].name),
+                                 *b.computes])
     done[key] = fused = _fuse_nests(a, b, prog.bindings[k], names_b, la, lb)
     return fused
 
 
 def _fuse_nests(a: Kernel, b: Kernel, names_a: list[str], names_b: list[str], la: Loop, lb: Loop) -> Kernel | None:
     v_name, x_name = names_a
+    if x_name in names_b:
+        return None
     v_a = a.args[0]                                    # V, as the transform names it
     v_b = b.args[names_b.index(v_name)]                # … and as the product does
     nb, _, _, ncib, nt, _ = v_a.shape
@@ -117,8 +116,6 @@ def _fuse_nests(a: Kernel, b: Kernel, names_a: list[str], names_b: list[str], la
         return None
     mr, encode, n_blocks, q_count = found
     if n_blocks * mr != nt:
-        return None
-    if x_name in names_b:
         return None
     block, i, cib, q = Var("wblock"), Var("wtile"), Var("wcib"), Var("wq")
     taken = {x.name for x in b.args}
@@ -134,15 +131,19 @@ def _fuse_nests(a: Kernel, b: Kernel, names_a: list[str], names_b: list[str], la
         Loop(q, Const(q_count, I64), product),
     ]
     top = Loop(block, Const(n_blocks, I64), body, "parallel", chunks=lb.chunks)
+    return replace(b, args=list(b.args) + [x_new], computes=[_moved_transform(a, v_b.name, x_new.name), *b.computes],
+                   body=[top], flops=a.flops + b.flops)
+
+
+def _moved_transform(a: Kernel, v: str, x: str) -> Compute:
+    """The transform's compute definition in the fused kernel's names (V written as `v`, the input read as `x`)."""
     (ca,) = a.computes
-    transform_compute = replace(ca, out=v_b.name, body=_rename_expr(ca.body, bufs, memo))
-    return replace(b, args=list(b.args) + [x_new], computes=[transform_compute, *b.computes], body=[top],
-                   flops=a.flops + b.flops)
+    return replace(ca, out=v, body=rename_loads(ca.body, {a.args[1].name: x}))
 
 
 def _transform_order(loop: Loop, v: str, ncib: int) -> bool:
     """Does the transform's fused index run (tile, channel block), the block fastest? Checked on its V stores."""
-    stores = [s for s in _walk_stmts(loop.body) if isinstance(s, Store) and s.buf == v]
+    stores = [s for s in walk_stmts(loop.body) if isinstance(s, Store) and s.buf == v]
     x = np.arange(value_at(loop.extent, {}) or 0, dtype=np.int64)
     if not stores or not len(x):
         return False
@@ -156,11 +157,11 @@ def _transform_order(loop: Loop, v: str, ncib: int) -> bool:
 def _product_blocks(loop: Loop, v: str):  # noqa: ANN202 - (MR, encode, blocks, iterations per block) | None
     """The product's tile blocks: MR (its unrolled tile loop's extent), and how its parallel index tile0 maps to
     (block, q) — checked over every iteration against the block its V loads read."""
-    loads = [e for s in _walk_stmts(loop.body) for e in _exprs(s) if isinstance(e, Load) and e.buf == v]
+    loads = [e for s in walk_stmts(loop.body) for e in _exprs(s) if isinstance(e, Load) and e.buf == v]
     if not loads or any(isinstance(s, If) for s in loop.body):
         return None
     tile_index = loads[0].index[4]
-    inner = {s.var: s.extent for s in _walk_stmts(loop.body) if isinstance(s, Loop) and s.kind == "unroll"
+    inner = {s.var: s.extent for s in walk_stmts(loop.body) if isinstance(s, Loop) and s.kind == "unroll"
              and uses_var(tile_index, s.var)}
     if len(inner) != 1:  # (the accumulating loop and the storing one share the tile index)
         return None
@@ -208,17 +209,6 @@ def _ev(e: Expr, env: dict[str, np.ndarray]) -> np.ndarray | int:
     raise KeyError(repr(e))
 
 
-def _walk_stmts(stmts: list[Stmt]) -> list[Stmt]:
-    out: list[Stmt] = []
-    for s in stmts:
-        out.append(s)
-        if isinstance(s, Loop):
-            out += _walk_stmts(s.body)
-        elif isinstance(s, If):
-            out += _walk_stmts(s.body) + _walk_stmts(s.orelse)
-    return out
-
-
 def _exprs(s: Stmt) -> list[Expr]:
     roots: list[Expr] = []
     if isinstance(s, Store):
@@ -228,24 +218,13 @@ def _exprs(s: Stmt) -> list[Expr]:
     return [e for r in roots for e in walk(r)]
 
 
-def _rename_expr(e: Expr, bufs: dict[str, str], memo: dict[Expr, Expr] | None = None) -> Expr:
-    """`e` with its loads of the buffers in `bufs` renamed (shared sub-expressions rebuilt once)."""
-    memo = {} if memo is None else memo
-    if e not in memo:
-        kids = children(e)
-        new = [_rename_expr(x, bufs, memo) for x in kids]
-        out = rebuild(e, new) if any(n is not o for n, o in zip(new, kids)) else e
-        memo[e] = replace(out, buf=bufs[out.buf]) if isinstance(out, Load) and out.buf in bufs else out
-    return memo[e]
-
-
 def _rename_bufs(s: Stmt, bufs: dict[str, str], memo: dict[Expr, Expr]) -> Stmt:
     if isinstance(s, Store):
-        return Store(bufs.get(s.buf, s.buf), tuple(_rename_expr(i, bufs, memo) for i in s.index),
-                     _rename_expr(s.value, bufs, memo))
+        return Store(bufs.get(s.buf, s.buf), tuple(rename_loads(i, bufs, memo) for i in s.index),
+                     rename_loads(s.value, bufs, memo))
     if isinstance(s, Loop):
         return replace(s, body=[_rename_bufs(x, bufs, memo) for x in s.body])
     if isinstance(s, If):
-        return replace(s, cond=_rename_expr(s.cond, bufs, memo), body=[_rename_bufs(x, bufs, memo) for x in s.body],
+        return replace(s, cond=rename_loads(s.cond, bufs, memo), body=[_rename_bufs(x, bufs, memo) for x in s.body],
                        orelse=[_rename_bufs(x, bufs, memo) for x in s.orelse])
     raise TypeError(f"a Winograd input transform holds {type(s).__name__}")
