@@ -51,3 +51,11 @@ def test_left_alone_where_it_does_not_fit() -> None:
     heavy, feeds = _chain(1, 256, 256, 7, 7, [1, 1, 1, 1], residual=True)  # 16 tiles, U 4 MiB: split by position
     assert _inputs(_kernels(heavy, "avx512", 2)) == 1
     check(heavy, feeds, TOL)
+
+
+def test_without_thread_parts(width: str) -> None:
+    """Switch `thread_parts` off: the product splits by position, so its transform is not fused (with the switch on
+    it is, at AVX-512 and SSE: test_fused_product_matches) — the same outputs."""
+    model, feeds = _chain(1, 64, 64, 56, 56, [1, 1, 1, 1], residual=True)
+    assert _inputs(_kernels(model, width, 2, thread_parts=False)) == 1
+    check(model, feeds, TOL, target=width, num_threads=2, thread_parts=False)

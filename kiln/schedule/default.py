@@ -111,7 +111,8 @@ def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: i
         if shape is not None:
             plain = (lambda pc, ptag: schedule_compute(k, pc, ptag, target, threads, options)) \
                 if options.get("pack_operands", True) else None
-            return tile_compute(k, c, shape, tag, threads if options.get("parallel", True) else 1, plain, dec)
+            return tile_compute(k, c, shape, tag, threads if options.get("parallel", True) else 1, plain, dec,
+                                parts=options.get("thread_parts", True))
     nest = compute_to_loops(c, tag)
     if not c.axes:
         return nest

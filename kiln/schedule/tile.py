@@ -97,9 +97,10 @@ def flatten_rows(c: Compute) -> Compute:
 def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
                  schedule_plain: Callable[[Compute, str], list[Stmt]] | None = None,
                  dec: Decisions | None = None, tails: tuple[int, ...] = (),
-                 calls: TailCalls | None = None) -> list[Stmt]:
+                 calls: TailCalls | None = None, parts: bool = True) -> list[Stmt]:
     """`tails`: over run-time rows, the tail tiles' heights (schedule/default.py: regime_tiles); `calls`: those of
-    them that call a shared microkernel instead (schedule/tail_calls.py)."""
+    them that call a shared microkernel instead (schedule/tail_calls.py); `parts`: split the parallel loop into one
+    part of the image per thread where it divides (`_thread_parts`; switch `thread_parts`)."""
     dec = dec if dec is not None else Decisions()
     if t.flatten_rows:
         c = flatten_rows(c)
@@ -175,10 +176,10 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
     # run of the (panel, row tile) loop — equal shares when the panels cost unequal amounts (a narrow last panel)
     # and a run of the loop would leave it all to one thread; the default where that is the case
     by_rows = None
-    if threads > 1 and not dynamic and not c.hints.get("rows_outer") and "spatial" not in c.hints \
+    if parts and threads > 1 and not dynamic and not c.hints.get("rows_outer") and "spatial" not in c.hints \
             and isinstance(n_mo, int) and n_mo % threads == 0 and n_mo >= 2 * threads and fast == "m":
         by_rows = mo if dec.knob("split_rows", narrow_last, (False, True)) else None
-    names, extents, parted = _thread_parts(c, names, extents, mo, threads, dynamic, by_rows)
+    names, extents, parted = _thread_parts(c, names, extents, mo, threads if parts else 1, dynamic, by_rows)
     # the knob `block`: tiles of the fastest index per cache block — the slower index then sweeps each block
     # (block < extent: a block of rows stays in L2 while every panel passes, or a block of panels while every
     # row tile does); the default is one block (no blocking)
@@ -415,7 +416,9 @@ def _thread_parts(c: Compute, names: list[Var], extents: list, mo: Var, threads:
     every layer and reads what it wrote itself. Before, thread 0 took the first output-channel blocks of every row:
     each layer read half its input from the other core's cache, which costs little when the two cores share an L3
     and a lot when the host puts them on two (resnet18: 12.4 ms, or 17.9 with cross-L3 cache-line transfers of
-    ~330 ns instead of ~60). Within a part the order is unchanged. `loop = part · per + within`."""
+    ~330 ns instead of ~60). Within a part the order is unchanged. `loop = part · per + within`. Switch
+    `thread_parts` (`benchmarks/option_by_host_state.py resnet18 --off thread_parts`, seventh session): worth 10% on
+    two L3s (7.09 → 6.43 ms), 0.3% on one."""
     if threads <= 1 or dynamic:
         return names, extents, None
     if by is not None:
