@@ -112,7 +112,8 @@ def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: i
             plain = (lambda pc, ptag: schedule_compute(k, pc, ptag, target, threads, options)) \
                 if options.get("pack_operands", True) else None
             return tile_compute(k, c, shape, tag, threads if options.get("parallel", True) else 1, plain, dec,
-                                parts=options.get("thread_parts", True))
+                                parts=options.get("thread_parts", True),
+                                prefetch_blocks=options.get("prefetch", True) and not target.scalable)
     nest = compute_to_loops(c, tag)
     if not c.axes:
         return nest

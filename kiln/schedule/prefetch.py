@@ -44,11 +44,28 @@ GEMMs (bert-perf, docs/bert-fp32.md):
     (L = floats per cache line). Past the panel's end the prefetch touches the next panel (or nothing: a prefetch
     never faults). The default distance is one page of the panel's stream — the window the hardware prefetcher
     cannot cover — and is the knob `prefetch` (k-steps; 0 turns it off).
+A tile with more than one reduction axis — a conv's (channel block, taps, channels in the block), a Winograd
+product's (channel block, channels in it) — uses `prefetch_next_block` (the knob `prefetch_block`): the streamed
+operand's line one step of the OUTERMOST reduction axis ahead, at every step of the innermost one, so over one
+channel block it touches every line of the next block's rows once:
+
+    for rcb in 0..CB:                                   for rcb in 0..CB:
+      for rco in 0..4:                                    for rco in 0..4:
+        for rcu in 0..8 unroll:                   ⇒         for rcu in 0..8 unroll:
+          for mi in 0..MR unroll:                             prefetch U[r, c, cob, rcb + 1, 8·rco + rcu, j·L]   each j
+            $acc[mi] += V[…, mi, …] · U[r, c, cob, rcb, 8·rco + rcu, ni]        for mi in 0..MR unroll: …
+
+Each block's rows are a few 4 KiB pages of their own, which the hardware prefetcher enters only after missing;
+where the operand outgrows L2 (resnet18's last two stages: U 4.2 and 16.8 MB per conv) it comes from L3 or memory
+at every block. Default on there (schedule/tile.py): those products 0.28 → 0.24 and 0.49 → 0.45 ms, a stride-2 3×3
+conv's weights (1.2 MB) 0.257 → 0.240, resnet18 4.4% faster on one L3 and 3.6% on two (Zen 5,
+`benchmarks/option_by_host_state.py resnet18 --off prefetch`); where the operand fits L2 it is off (layer1's and
+layer2's fused products measured 1–2% slower with it).
 """
 from __future__ import annotations
 
 from kiln.kernel.analysis import coef
-from kiln.kernel.ir import Const, Expr, Load, Prefetch, Var, substitute, walk
+from kiln.kernel.ir import Const, Expr, Kernel, Load, Prefetch, Var, substitute, walk
 from kiln.schedule.config import Decisions, powers_of_two
 from kiln.target import Target
 
@@ -105,6 +122,24 @@ def prefetch_knob(dec: Decisions, nr: int, k_extent: int, target: Target) -> int
         return 0
     d = default_distance(nr, k_extent, target)
     return int(dec.knob("prefetch", d, [0] + powers_of_two(4, 128)))
+
+
+def prefetch_next_block(term: Expr, block: Var, lane: Var, row: Var, lanes: int) -> list[Prefetch]:
+    """The prefetches to put at the top of a tile's innermost reduction step: its streamed operand's line at the next
+    step of the outermost reduction axis `block` (see the module doc)."""
+    return prefetch_ahead(term, block, lane, row, lanes, 1)
+
+
+def operand_bytes(k: Kernel, buf: str) -> int:
+    """The size in bytes of kernel buffer `buf` (0 for one the kernel does not hold or a run-time size)."""
+    b = next((x for x in list(k.args) + list(k.scratch) if x.name == buf), None)
+    n = _ITEMSIZE.get(b.dtype, 4) if b is not None else 0
+    for d in b.shape if b is not None else ():
+        try:
+            n *= int(d)
+        except TypeError:  # a symbolic dim
+            return 0
+    return n
 
 
 def prefetch_panel(term: Expr, k: Var, ni: Var, distance: int, nr: int) -> list[Prefetch]:
