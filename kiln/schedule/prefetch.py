@@ -44,23 +44,27 @@ GEMMs (bert-perf, docs/bert-fp32.md):
     (L = floats per cache line). Past the panel's end the prefetch touches the next panel (or nothing: a prefetch
     never faults). The default distance is one page of the panel's stream — the window the hardware prefetcher
     cannot cover — and is the knob `prefetch` (k-steps; 0 turns it off).
-A tile with more than one reduction axis — a conv's (channel block, taps, channels in the block), a Winograd
-product's (channel block, channels in it) — uses `prefetch_next_block` (the knob `prefetch_block`): the streamed
-operand's line one step of the OUTERMOST reduction axis ahead, at every step of the innermost one, so over one
-channel block it touches every line of the next block's rows once:
+A tile with two or more reduction axes, the innermost unrolled — a conv's (channel block, taps, channels in the
+block), a Winograd product's (channel block, channels in it) — uses `prefetch_next_block` (the knob
+`prefetch_block`): the streamed operand's lines one step of the OUTERMOST reduction axis ahead, one per line of each
+unrolled innermost step, issued in the loop around those steps, so over one channel block it touches every line of
+the next block's rows once:
 
     for rcb in 0..CB:                                   for rcb in 0..CB:
       for rco in 0..4:                                    for rco in 0..4:
-        for rcu in 0..8 unroll:                   ⇒         for rcu in 0..8 unroll:
-          for mi in 0..MR unroll:                             prefetch U[r, c, cob, rcb + 1, 8·rco + rcu, j·L]   each j
-            $acc[mi] += V[…, mi, …] · U[r, c, cob, rcb, 8·rco + rcu, ni]        for mi in 0..MR unroll: …
+        for rcu in 0..8 unroll:                   ⇒         prefetch U[r, c, cob, rcb + 1, 8·rco + j, l·L]  (j < 8, l)
+          for mi in 0..MR unroll:                           for rcu in 0..8 unroll:
+            $acc[mi] += V[…] · U[…, rcb, 8·rco + rcu, ni]     for mi in 0..MR unroll: $acc[mi] += V[…] · U[…]
 
 Each block's rows are a few 4 KiB pages of their own, which the hardware prefetcher enters only after missing;
-where the operand outgrows L2 (resnet18's last two stages: U 4.2 and 16.8 MB per conv) it comes from L3 or memory
-at every block. Default on there (schedule/tile.py): those products 0.28 → 0.24 and 0.49 → 0.45 ms, a stride-2 3×3
-conv's weights (1.2 MB) 0.257 → 0.240, resnet18 4.4% faster on one L3 and 3.6% on two (Zen 5,
-`benchmarks/option_by_host_state.py resnet18 --off prefetch`); where the operand fits L2 it is off (layer1's and
-layer2's fused products measured 1–2% slower with it).
+where the operand outgrows L2 (resnet18's last two stages: U 4.2 and 16.8 MB per conv; the model's weights do not
+stay in L3 between runs) they come from L3 or memory at every block. Above the unrolled steps, not between them:
+interleaved, LLVM's skylake-avx512 and haswell scheduling models spilled a conv tile's accumulators (18 / 8 vector
+registers per trip, tests/test_register_pressure.py), and on Zen 5 it ran 1.6% slower than this placement. Default on
+where the operand is larger than L2 and the vectors wider than 128 bits (schedule/tile.py): resnet18's layer3
+products 0.28 → 0.24 ms, layer4's 0.49 → 0.46, a stride-2 3×3 conv's (1.2 MB of weights) 0.26 → 0.24, the model
+4.7% faster on one L3 and 6.0% on two, resnet50 3.1 / 3.6% (Zen 5, `benchmarks/option_by_host_state.py resnet18 --off
+prefetch`); where the operand fits L2 it is off (layer1's and layer2's fused products measured 1–2% slower with it).
 """
 from __future__ import annotations
 

@@ -271,14 +271,18 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
     packed_panel = dec.prefix + "prefetch" in dec.values
     streams = [] if packed_panel else streamed_loads(tile_term(False), red_axes[-1][0], ni, mi)
     distance = int(dec.knob("prefetch", 0, PREFETCH_DISTANCES)) if streams else 0
-    # the knob `prefetch_block`: with two or more reduction axes, the streamed operand's lines at the next step of the
-    # outermost one, prefetched across the innermost (prefetch.py: prefetch_next_block); default on where that
-    # operand is larger than L2 — then each block's rows come from L3 or memory, a few pages the hardware prefetcher
-    # enters late (resnet18's last two stages' products 0.28 → 0.24 and 0.49 → 0.45 ms on Zen 5)
+    # the knob `prefetch_block`: with two or more reduction axes, the innermost unrolled, the streamed operand's lines
+    # at the next step of the outermost (prefetch.py: prefetch_next_block), issued in the loop around the unrolled
+    # steps (`block_at` levels up) — interleaved with them, LLVM's skylake-avx512 and haswell scheduling models spilled
+    # a conv tile's accumulators (tests/test_register_pressure.py). Default on where that operand is larger than L2 —
+    # each block's rows then come from L3 or memory, a few pages the hardware prefetcher enters late (resnet18's last
+    # two stages' products 0.28 → 0.24 and 0.49 → 0.45 ms on Zen 5) — and the vectors are wider than 128 bits (SSE's
+    # 16-register tiles spill with them)
     outer_streams = streamed_loads(tile_term(False), red_axes[0][0], ni, mi) \
-        if prefetch_blocks and not packed_panel and not dynamic and len(red_axes) > 1 else []
-    block_ahead = bool(dec.knob("prefetch_block", any(operand_bytes(k, ld.buf) > t.l2_bytes for ld in outer_streams),
-                                (False, True))) if outer_streams else False
+        if prefetch_blocks and not packed_panel and not dynamic and len(red_axes) > 1 and unroll_last \
+        and isinstance(red_axes[-1][1], int) else []
+    heavy = any(operand_bytes(k, ld.buf) > t.l2_bytes for ld in outer_streams) and t.lanes * 4 > 16
+    block_at = 1 if outer_streams and dec.knob("prefetch_block", heavy, (False, True)) else -1
 
     def tile(edge: bool, term: Expr, width: int = t.nr, n_ext: Expr = n_ext, rows: int = t.mr) -> Loop:
         """The `rows`×`width` tile (MR rows but in a static M's last row block); `edge` rows past M read row M−1
@@ -313,8 +317,9 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
             for i, (v, e) in enumerate(reversed(red_axes)):
                 ahead = (prefetch_panel(term, v, ni, t.prefetch, t.nr) if packed_panel else
                          prefetch_ahead(term, v, ni, mi, t.nr, distance)) if i == 0 else []
-                if i == 0 and block_ahead:
-                    ahead = ahead + prefetch_next_block(term, red_axes[0][0], ni, mi, t.nr)
+                if i == block_at:  # above the unrolled innermost steps, one per step's line (prefetch.py)
+                    ahead = ahead + [p for j in range(int(red_axes[-1][1])) for p in prefetch_next_block(
+                        substitute(term, {red_axes[-1][0]: Const(j, "int64")}), red_axes[0][0], ni, mi, t.nr)]
                 update = Loop(v, as_extent(e), [*ahead, update], "unroll" if i == 0 and unroll_last else "serial")
             reduce = [update]
         whole = isinstance(n_ext, Const) and int(n_ext.value) % width == 0
