@@ -44,6 +44,7 @@ GEMMs (bert-perf, docs/bert-fp32.md):
     (L = floats per cache line). Past the panel's end the prefetch touches the next panel (or nothing: a prefetch
     never faults). The default distance is one page of the panel's stream — the window the hardware prefetcher
     cannot cover — and is the knob `prefetch` (k-steps; 0 turns it off).
+
 A tile with two or more reduction axes, the innermost unrolled — a conv's (channel block, taps, channels in the
 block), a Winograd product's (channel block, channels in it) — uses `prefetch_next_block` (the knob
 `prefetch_block`): the streamed operand's lines one step of the OUTERMOST reduction axis ahead, one per line of each
@@ -62,8 +63,8 @@ stay in L3 between runs) they come from L3 or memory at every block. Above the u
 interleaved, LLVM's skylake-avx512 and haswell scheduling models spilled a conv tile's accumulators (18 / 8 vector
 registers per trip, tests/test_register_pressure.py), and on Zen 5 it ran 1.6% slower than this placement. Default on
 where the operand is larger than L2 and the vectors wider than 128 bits (schedule/tile.py): resnet18's layer3
-products 0.28 → 0.24 ms, layer4's 0.49 → 0.46, a stride-2 3×3 conv's (1.2 MB of weights) 0.26 → 0.24, the model
-4.7% faster on one L3 and 6.0% on two, resnet50 3.1 / 3.6% (Zen 5, `benchmarks/option_by_host_state.py resnet18 --off
+products 0.28 → 0.24 ms, layer4's 0.53 → 0.49, a stride-2 3×3 conv's (1.2 MB of weights) 0.26 → 0.24, the model
+5.4% faster on one L3 and 3.6% on two, resnet50 2.1% (Zen 5, `benchmarks/option_by_host_state.py resnet18 --off
 prefetch`); where the operand fits L2 it is off (layer1's and layer2's fused products measured 1–2% slower with it).
 """
 from __future__ import annotations
@@ -129,8 +130,8 @@ def prefetch_knob(dec: Decisions, nr: int, k_extent: int, target: Target) -> int
 
 
 def prefetch_next_block(term: Expr, block: Var, lane: Var, row: Var, lanes: int) -> list[Prefetch]:
-    """The prefetches to put at the top of a tile's innermost reduction step: its streamed operand's line at the next
-    step of the outermost reduction axis `block` (see the module doc)."""
+    """The prefetches of `term`'s streamed operand at the next step of the outermost reduction axis `block`, one per
+    line of the NR-wide row; schedule/tile.py puts those of every unrolled innermost step above them (module doc)."""
     return prefetch_ahead(term, block, lane, row, lanes, 1)
 
 

@@ -276,7 +276,7 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
     # steps (`block_at` levels up) — interleaved with them, LLVM's skylake-avx512 and haswell scheduling models spilled
     # a conv tile's accumulators (tests/test_register_pressure.py). Default on where that operand is larger than L2 —
     # each block's rows then come from L3 or memory, a few pages the hardware prefetcher enters late (resnet18's last
-    # two stages' products 0.28 → 0.24 and 0.49 → 0.45 ms on Zen 5) — and the vectors are wider than 128 bits (SSE's
+    # two stages' products 0.28 → 0.24 and 0.53 → 0.49 ms on Zen 5) — and the vectors are wider than 128 bits (SSE's
     # 16-register tiles spill with them)
     outer_streams = streamed_loads(tile_term(False), red_axes[0][0], ni, mi) \
         if prefetch_blocks and not packed_panel and not dynamic and len(red_axes) > 1 and unroll_last \
