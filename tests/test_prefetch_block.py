@@ -2,9 +2,9 @@
 reduction axes whose streamed operand outgrows L2 prefetches that operand's lines one step of the outermost reduction
 axis ahead, in the loop around the unrolled innermost steps. Checked on Winograd products and a stride-2 conv at every
 x86 width: the prefetches are there (on the weights, at the next channel block, above the unrolled steps) where the
-weights outgrow L2 and not where they fit or the vectors are 128 bits (SSE), the switch `prefetch` and scalable
-targets turn them off, and outputs match
-onnxruntime at 1e-4 relative to the largest |output| (a prefetch changes no value)."""
+weights outgrow L2, and not where they fit or the vectors are 128 bits (SSE); the switch `prefetch` and scalable
+targets turn them off; outputs match onnxruntime at 1e-4 relative to the largest |output| (a prefetch changes no
+value)."""
 from __future__ import annotations
 
 import numpy as np
@@ -49,7 +49,7 @@ def test_blocks_prefetched_where_the_weights_outgrow_l2(width: str, case: str) -
         model, feeds = _stride2_conv(256, 512, 14)                               # 4.5 MiB of weights
     prog, heavy = _heavy_kernels(model, width)
     sites = [(j, pf, loop) for j in heavy for pf, loop in _prefetch_sites(prog.kernels[j].body)]
-    if width == "sse":  # 128-bit vectors: off by default (SSE's 16-register tiles spilled with them)
+    if width == "sse":  # 128-bit vectors: off by default (SSE's tiles spilled with them)
         assert not sites and heavy
         check(model, feeds, TOL, target=width, num_threads=2)
         return
