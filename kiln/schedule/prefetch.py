@@ -136,15 +136,12 @@ def prefetch_next_block(term: Expr, block: Var, lane: Var, row: Var, lanes: int)
 
 
 def operand_bytes(k: Kernel, buf: str) -> int:
-    """The size in bytes of kernel buffer `buf` (0 for one the kernel does not hold or a run-time size)."""
-    b = next((x for x in list(k.args) + list(k.scratch) if x.name == buf), None)
-    n = _ITEMSIZE.get(b.dtype, 4) if b is not None else 0
-    for d in b.shape if b is not None else ():
-        try:
-            n *= int(d)
-        except TypeError:  # a symbolic dim
-            return 0
-    return n
+    """The size in bytes of a static kernel's buffer `buf` (0 for one it does not hold: a stack `Alloc`)."""
+    try:
+        b = k.buffer(buf)
+    except KeyError:
+        return 0
+    return b.size * _ITEMSIZE.get(b.dtype, 4)
 
 
 def prefetch_panel(term: Expr, k: Var, ni: Var, distance: int, nr: int) -> list[Prefetch]:

@@ -269,7 +269,8 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
     # a knob only where the tile has a streamed operand
     # (a packed weight panel's tile took the knob `prefetch` in _packed_tile, default one page ahead: t.prefetch)
     packed_panel = dec.prefix + "prefetch" in dec.values
-    streams = [] if packed_panel else streamed_loads(tile_term(False), red_axes[-1][0], ni, mi)
+    whole_term = tile_term(False)
+    streams = [] if packed_panel else streamed_loads(whole_term, red_axes[-1][0], ni, mi)
     distance = int(dec.knob("prefetch", 0, PREFETCH_DISTANCES)) if streams else 0
     # the knob `prefetch_block`: with two or more reduction axes, the innermost unrolled, the streamed operand's lines
     # at the next step of the outermost (prefetch.py: prefetch_next_block), issued in the loop around the unrolled
@@ -278,7 +279,7 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
     # each block's rows then come from L3 or memory, a few pages the hardware prefetcher enters late (resnet18's last
     # two stages' products 0.28 → 0.24 and 0.53 → 0.49 ms on Zen 5) — and the vectors are wider than 128 bits (SSE's
     # 16-register tiles spill with them)
-    outer_streams = streamed_loads(tile_term(False), red_axes[0][0], ni, mi) \
+    outer_streams = streamed_loads(whole_term, red_axes[0][0], ni, mi) \
         if prefetch_blocks and not packed_panel and not dynamic and len(red_axes) > 1 and unroll_last \
         and isinstance(red_axes[-1][1], int) else []
     heavy = any(operand_bytes(k, ld.buf) > t.l2_bytes for ld in outer_streams) and t.lanes * 4 > 16
