@@ -65,13 +65,14 @@ def main_workload(model, target, threads: int = 2):
     return max(ws, key=lambda w: (w.flops, len(w.kernel.computes)))
 
 
-def db_with_best(path, model, target, config_of, threads: int = 2, precision: str = "fp32") -> TuningDatabase:
+def db_with_best(path, model, target, config_of, threads: int = 2, precision: str = "fp32",
+                 options: dict[str, bool] | None = None) -> TuningDatabase:
     """A database whose best record for each of the model's kernels is config_of(space) (None: no record)."""
     db = TuningDatabase(path)
     tkey = target_key(target, threads)
     db.add_target(tkey, target_description(target, threads))
-    for w in workloads_of(kernels_of(model, target, threads, {}, precision=precision)):
-        cfg = config_of(Space(w.kernel, target, threads, {}))
+    for w in workloads_of(kernels_of(model, target, threads, options or {}, precision=precision)):
+        cfg = config_of(Space(w.kernel, target, threads, options or {}))
         if cfg is not None:
             db.add_workload(w.sig, w.klass, "", w.flops)
             db.set_best(w.sig, tkey, cfg, 1e-3, 2e-3)
@@ -139,16 +140,18 @@ def test_dot_tile_space(kind: str, width: str, tmp_path) -> None:
     tile_order) are a space like the float tile's: its default point is the heuristic's nest, the anchor's kernel
     is tunable (random 8-bit / bf16 inputs), and random points applied by kiln.compile as tuning records compute
     what the default build computes — exactly on the dot tiles (rows, flattening and tile order do not reorder any
-    sum); where bf16 is emulated on the float tile (no vdpbf16ps), within float32 reassociation (K = 288 terms)."""
+    sum); where bf16 is emulated on the float tile (no vdpbf16ps), within float32 reassociation (K = 288 terms).
+    With AMX off: on an AMX host the anchors would run on the tile kernels (schedule/amx.py), not on these tiles."""
     model, feeds, precision = low_precision_conv(kind)
     t = resolve(width)
-    ws = workloads_of(kernels_of(model, t, 2, {}, precision=precision))
+    opts = {"amx": False}
+    ws = workloads_of(kernels_of(model, t, 2, opts, precision=precision))
     w = max(ws, key=lambda x: x.flops)
     assert w.klass == f"conv_{kind}" and tunable(w.kernel), (w.klass, [(b.name, b.dtype) for b in w.kernel.args])
     plain, dflt = fresh(w.kernel), fresh(w.kernel)
-    schedule_kernel(plain, t, 2, {})
-    space = Space(w.kernel, t, 2, {})
-    schedule_kernel(dflt, t, 2, {}, Decisions(space.default, strict=True))
+    schedule_kernel(plain, t, 2, opts)
+    space = Space(w.kernel, t, 2, opts)
+    schedule_kernel(dflt, t, 2, opts, Decisions(space.default, strict=True))
     assert str(plain) == str(dflt)
     dot_path = kind == "int8" or "avx512bf16" in set(plain.precision.values())
     if dot_path:
@@ -158,20 +161,20 @@ def test_dot_tile_space(kind: str, width: str, tmp_path) -> None:
     want = None
     if width_runs(width):
         want = kiln.compile(model, target=width, num_threads=2, cache=False, tuning="off",
-                            precision=precision).run(feeds)[0]
+                            precision=precision, **opts).run(feeds)[0]
     for i in range(3):
         cand = space.sample(rng)
         assert cand is not None
         db = db_with_best(tmp_path / f"{i}.db", model, t, lambda sp, c=cand.config: c if signature(sp.kernel) == sig
-                          else None, precision=precision)
+                          else None, precision=precision, options=opts)
         db.close()
         if want is None:  # a width this CPU cannot run: lowered and emitted with the record applied
-            c = lower(model, t, 2, check_options({}), tuning=TuningDatabase(str(tmp_path / f"{i}.db"), create=False),
+            c = lower(model, t, 2, check_options(opts), tuning=TuningDatabase(str(tmp_path / f"{i}.db"), create=False),
                       precision=precision)
             assert c.obj[:4] == b"\x7fELF"
             continue
         exe = kiln.compile(model, target=width, num_threads=2, cache=False, tuning=str(tmp_path / f"{i}.db"),
-                           precision=precision)
+                           precision=precision, **opts)
         if cand.config != space.default:
             assert [v["sig"] for v in exe.meta["tuned"].values()] == [sig]
         got = exe.run(feeds)[0]
@@ -817,10 +820,11 @@ def test_space_has_the_low_precision_strategy_knob() -> None:
     cases = [("int8", qlinear_matmul_model(a, 64), "fp32")]
     if method_for(t, "bfloat16", 2 * t.lanes(32))[0] is not None:
         cases.append(("bf16", gemm(m=64, k=128, n=64)[0], "bf16"))
+    opts = {"amx": False}  # an AMX host would run both anchors on its tile kernels (schedule/amx.py): no such knob
     for what, model, precision in cases:
-        ws = workloads_of(kernels_of(model, t, 2, {}, precision=precision))
+        ws = workloads_of(kernels_of(model, t, 2, opts, precision=precision))
         w = max(ws, key=lambda w: w.flops)
-        space = Space(w.kernel, t, 2, {})
+        space = Space(w.kernel, t, 2, opts)
         knob = next(k for k in space.knobs.values() if k.name.endswith(":strategy"))
         assert set(knob.domain) == {"direct", "ukernel"} and knob.default == "direct", (what, knob)
         cand = space.realize({**space.default, knob.name: "ukernel"})

@@ -109,20 +109,20 @@ def schedule_int8(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
         return None
     threads = threads if options.get("parallel", True) else 1
     strategy = str(c.hints.get("strategy", "direct"))
+    why = ""
+    if strategy.startswith("library"):  # (an anchor whose library has an integer GEMM never gets here)
+        why = (f"no integer GEMM for {form.a.dtype} activations in {strategy} (library:onednn has u8 and "
+               "s8, library:mkl u8)")
     nest = schedule_amx(k, c, tag, target, threads, options)  # AMX tiles (tdpbusd) where the host lets us use them
     if nest is not None:
         k.precision[node] = "amx"
-        k.strategies.setdefault(node, strategy)
+        k.strategies.setdefault(node, f"direct ({strategy} not available: {why})" if why else strategy)
         return nest
-    why = ""
     if strategy in ("direct", "ukernel"):  # under direct the tuner may pick the microkernel
         nest, why = chosen_dot_ukernel(k, c, form, strategy, tag, target, threads, dec)
         if nest is not None:
             k.strategies[node] = "ukernel"
             return nest
-    elif strategy.startswith("library"):  # (an anchor whose library has an integer GEMM never gets here)
-        why = (f"no integer GEMM for {form.a.dtype} activations in {strategy} (library:onednn has u8 and "
-               "s8, library:mkl u8)")
     k.strategies[node] = f"direct ({strategy} not available: {why})" if why else "direct"
     nest, block = dot_tile(c, tag, target, threads, int8_form, dec, options.get("mmla", True))
     if block:
