@@ -171,7 +171,9 @@ def can_inline(prod: Group, cons: Group, consumer: Node, options: dict[str, bool
     # transposed schedule, reading the anchor's result, than in the anchor's tile epilogue)
     loads = _loads_of(cons_last.body, last.out)
     kind = OPS[consumer.op].kind
-    return (options.get("fuse_epilogue", True) and kind in ("unary", "binary")
+    # a Dequantize stays out of an (integer) anchor's epilogue: the anchor then stores its 8-bit result, not 4× the
+    # bytes in float32, and the Dequantize inlines into its reader (a residual Add's other operand) instead
+    return (options.get("fuse_epilogue", True) and kind in ("unary", "binary") and consumer.op != "Dequantize"
             and "winograd" not in cons_last.hints
             and cons_last.store is None and cons_last.extents == last.extents
             and len(loads) == 1 and _same_point(loads[0].index, cons_last.axes, cons_last.extents)
