@@ -447,6 +447,48 @@ def test_kiln_quantize_residual_add_in_the_epilogue(width: str) -> None:
             assert snr_db(run_ort(m, f)[0], exe.run(f)[0]) >= 30.0
 
 
+def gelu_mlp(d: int = 32, seq: int = 8, seed: int = 5) -> onnx.ModelProto:
+    """MatMul → bias → GELU written out as exporters write it (x/√2, Erf, +1, ·x, ·½) → MatMul → bias, and a SiLU
+    (x·Sigmoid(x)) after the second."""
+    r = np.random.default_rng(seed)
+    inits = {"w1": (r.standard_normal((d, 4 * d)) / np.sqrt(d)).astype(np.float32),
+             "b1": (r.standard_normal(4 * d) * 0.1).astype(np.float32),
+             "w2": (r.standard_normal((4 * d, d)) / np.sqrt(4 * d)).astype(np.float32),
+             "b2": (r.standard_normal(d) * 0.1).astype(np.float32), "w3": (r.standard_normal((d, d)) / np.sqrt(d)
+                                                                            ).astype(np.float32),
+             "sqrt2": np.array(np.sqrt(2), np.float32), "one": np.array(1, np.float32),
+             "half": np.array(0.5, np.float32)}
+    mk = helper.make_node
+    nodes = [mk("MatMul", ["x", "w1"], ["u"]), mk("Add", ["u", "b1"], ["ub"]), mk("Div", ["ub", "sqrt2"], ["g0"]),
+             mk("Erf", ["g0"], ["g1"]), mk("Add", ["g1", "one"], ["g2"]), mk("Mul", ["ub", "g2"], ["g3"]),
+             mk("Mul", ["g3", "half"], ["g"]), mk("MatMul", ["g", "w2"], ["v"]), mk("Add", ["v", "b2"], ["vb"]),
+             mk("Sigmoid", ["vb"], ["s0"]), mk("Mul", ["vb", "s0"], ["s"]), mk("MatMul", ["s", "w3"], ["y"])]
+    for n in nodes:
+        n.name = n.output[0]
+    g = helper.make_graph(nodes, "gelu_mlp", [helper.make_tensor_value_info("x", T.FLOAT, [1, seq, d])],
+                          [helper.make_tensor_value_info("y", T.FLOAT, [1, seq, d])],
+                          [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def test_kiln_quantize_activation_written_out(width: str) -> None:
+    """kiln.quantize quantizes an anchor's output after its activation also when the activation is several nodes
+    (quantization/qdq.py activation_region: the erf GELU, SiLU), not between the anchor and the activation; the
+    integer build matches onnxruntime on that QDQ model (1 step of the output's scale: its last quantized input)."""
+    m = gelu_mlp()
+    q = kiln.quantize(m, samples(m, 12, 3))
+    quantized = {n.input[0] for n in q.graph.node if n.op_type == "QuantizeLinear"}
+    assert quantized == {"x", "g", "s"}, quantized
+    for f in samples(m, 3, 4):
+        compare(q, f, step=last_step(q), target=width)
+    if width_runs(width):
+        exe = kiln.compile(q, target=width, cache=False)
+        for f in samples(m, 3, 4):
+            assert snr_db(run_ort(m, f)[0], exe.run(f)[0]) >= 25.0
+
+
 _QUANTIZED: dict[str, onnx.ModelProto] = {}
 
 

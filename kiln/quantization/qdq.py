@@ -24,6 +24,10 @@ from onnx import helper, numpy_helper
 
 ANCHOR_OPS = ("Conv", "MatMul", "Gemm")
 FOLLOWERS = ("Relu", "Clip")
+# ops an activation written out node by node is made of (GELU: Div, Erf, Add, Mul, Mul; SiLU: Sigmoid, Mul; ...)
+ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Neg", "Exp", "Erf", "Tanh", "Sigmoid",
+                         "HardSigmoid", "HardSwish", "Gelu", "Relu", "Clip"})
+MAX_REGION = 12
 
 
 @dataclass
@@ -39,6 +43,26 @@ def _consumers(g: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
         for i in n.input:
             out.setdefault(i, []).append(n)
     return out
+
+
+def activation_region(y: str, users: dict[str, list[onnx.NodeProto]], inits: set[str], outputs: set[str]) -> str:
+    """What an activation computes from y alone when it is written as several elementwise nodes — the nodes that read
+    only y, constants and each other, with one tensor leaving them (y itself read by nothing else) — or y."""
+    region: list[onnx.NodeProto] = []
+    have = {y}
+    grew = True
+    while grew and len(region) < MAX_REGION:
+        grew = False
+        for t in list(have):
+            for r in users.get(t, []):
+                if r not in region and r.op_type in ELEMENTWISE and all(i in have or i in inits or not i
+                                                                         for i in r.input):
+                    region.append(r)
+                    have.update(r.output)
+                    grew = True
+    inside = {id(r) for r in region}
+    leaving = [t for t in have if t in outputs or any(id(r) not in inside for r in users.get(t, []))]
+    return leaving[0] if region and len(leaving) == 1 and leaving[0] != y else y
 
 
 def _weight_axis(n: onnx.NodeProto) -> int:
@@ -72,13 +96,17 @@ def plan(model: onnx.ModelProto, exclude_nodes: tuple[str, ...], exclude_ops: tu
         acts.append(n.input[0])
         y = n.output[0]
         before_residual = y
-        for follow in ("Add", *FOLLOWERS, "residual", *FOLLOWERS):
-            # through a constant bias add, then an activation, then a residual Add and its activation, each y's only
-            # reader; the residual Add only when its other operand is computed before this anchor (that one, a
-            # downsample conv or the block's input, is quantized and stored; this anchor's kernel adds it in its
-            # epilogue with the float result in registers: no requantization in between)
+        for follow in ("Add", *FOLLOWERS, "region", "residual", *FOLLOWERS):
+            # through a constant bias add, then an activation (one node, or several: activation_region), then a
+            # residual Add and its activation, each y's only reader; the residual Add only when its other operand is
+            # computed before this anchor (that one, a downsample conv or the block's input, is quantized and stored;
+            # this anchor's kernel adds it in its epilogue with the float result in registers: no requantization in
+            # between)
             if follow == "residual":
                 before_residual = y
+            if follow == "region":
+                y = activation_region(y, users, set(inits), outputs) if y not in outputs else y
+                continue
             r = users.get(y, [])
             if len(r) != 1 or y in outputs or r[0].name in exclude_nodes:
                 continue
