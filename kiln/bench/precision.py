@@ -32,7 +32,9 @@ EVALUATION_INPUTS = 500
 CALIBRATION_SEED = 1000
 EVALUATION_SEED = 2000
 # Output SNR (dB) a low-precision run must reach against the fp32 reference before it is timed.
-SNR_FLOOR: dict[str, float] = {"int8": 10.0, "bf16": 20.0}
+# bf16: resnet50 with random weights (50 layers) reaches 19.8 dB in Kiln and 18.7 dB in OpenVINO's own bf16 on an AMX
+# host — both correct; a bf16 path that pairs or rounds wrongly lands far below 15
+SNR_FLOOR: dict[str, float] = {"int8": 10.0, "bf16": 15.0}
 
 FeedRunner = Callable[[dict[str, np.ndarray]], list[np.ndarray]]
 
