@@ -434,6 +434,12 @@ def test_kiln_quantize_residual_add_in_the_epilogue(width: str) -> None:
     prog = lower(q, t, 2, check_options({}), stop_after="kernels").program
     stores = {n.name: grp.output.dtype for grp in prog.groups for n in grp.nodes}
     assert stores["ds"] in ("uint8", "int8"), stores
+    # the requantization folded through the residual Add (quantize_qdq.py fold_requantize): no division by the
+    # output scale left in the anchors' epilogues, those that add the skip included (only the "/ 1.0" of the folded
+    # Quantize; the input's own Quantize divides)
+    for kern in prog.kernels:
+        text = "\n".join(str(c.body) for c in kern.computes)
+        assert "sum[" not in text or not re.search(r"(?<!/)/ (?!1\.0\b)\d", text), (kern.name, text)
     test = samples(m, 3, 4)
     sess = ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"])
     for f in test:

@@ -31,8 +31,11 @@ anchors run on integers and values stay 8-bit between them:
         QConv → Cast → · m (+ b) → [Relu] → Q(·, sy, zy)   ⇒   QConv → Cast → · (m/sy) (+ b/sy) → [Relu] → Q(·, 1, zy)
 
     so the anchor's epilogue (kernel/build.py fuses all of it into the accumulator tile) is one multiply-add,
-    a round, a clamp and a narrowing store. Residual adds of two quantized values (DQ + DQ → Q) and every other
-    op between a DQ and a Q stay float elementwise ops that fuse into their neighbours.
+    a round, a clamp and a narrowing store. A residual Add of a dequantized value (read by that Add alone) on the
+    way takes the fold into that Dequantize's scale — QConv → … → Add(DQ(r, sr, zr)) → [Relu] → Q(·, sy, zy) ⇒
+    … → Add(DQ(r, sr/sy, zr)) → [Relu] → Q(·, 1, zy) — so no division is left (a vdivps per output vector).
+    Residual adds of two quantized values (DQ + DQ → Q) and every other op between a DQ and a Q stay float
+    elementwise ops that fuse into their neighbours.
 
 Switch: `kiln.compile(model, quantize_qdq=False)` runs a QDQ model entirely in float (its "fake-quant" meaning):
 the reference the integer build is tested against."""
@@ -371,16 +374,26 @@ def fold_requantize(g: Graph) -> None:
     for mul in g.nodes:
         if not mul.attrs.get("requant") or mul.op != "Mul":
             continue
+        chain_end: Node | None = None
         chain = [mul]
         nxt = only_reader(mul.outputs[0])
         if nxt is not None and nxt.attrs.get("requant") and nxt.op == "Add":
             chain.append(nxt)
             nxt = only_reader(nxt.outputs[0])
+        skip = None  # a residual Add of a dequantized value read by it alone (kiln.quantize leaves it to the epilogue)
+        if nxt is not None and nxt.op == "Add" and len(nxt.inputs) == 2:
+            other = next((v for v in nxt.inputs if v is not chain[-1].outputs[0]), None)
+            dq = _dq(other) if other is not None else None
+            if dq is not None and only_reader(other) is nxt and _scalar(dq.inputs[1]) is not None:
+                skip = dq
+                chain_end = nxt
+                nxt = only_reader(nxt.outputs[0])
         act = None
         if nxt is not None and nxt.op in ("Relu", "Clip"):
             act = nxt
             nxt = only_reader(nxt.outputs[0])
-        if nxt is None or nxt.op != "Quantize" or nxt.inputs[0] is not (act or chain[-1]).outputs[0]:
+        last = act or (chain_end if skip is not None else chain[-1])
+        if nxt is None or nxt.op != "Quantize" or nxt.inputs[0] is not last.outputs[0]:
             continue
         sy = _scalar(nxt.inputs[1])
         if sy is None or not sy > 0:
@@ -388,6 +401,8 @@ def fold_requantize(g: Graph) -> None:
         inv = np.float32(1.0) / np.float32(sy)
         for c in chain:
             c.inputs[1] = _const(g, (c.inputs[1].const.astype(np.float64) * inv).astype(np.float32), "requant")
+        if skip is not None:  # (x − z)·s + … then ÷ sy  ⇒  (x − z)·(s/sy) + …: the division leaves the epilogue
+            skip.inputs[1] = _const(g, np.array(np.float64(_scalar(skip.inputs[1])) * inv, np.float32), "requant")
         if act is not None and act.op == "Clip":
             act.attrs = {**act.attrs, "min": act.attrs["min"] * float(inv), "max": act.attrs["max"] * float(inv)}
         nxt.inputs[1] = _const(g, np.array(1.0, np.float32), "one")
