@@ -23,7 +23,9 @@ from llvmlite import ir
 from kiln.codegen.loops import emit_loop
 
 I64 = ir.IntType(64)
-TWO_L3_NS = 150.0   # between the two states' ~55 and ~330 ns
+# between one L3's round trip (Zen 4 ~55 ns, Zen 5 ~45, an Emerald Rapids guest's mesh ~125–140 with one 300 MB L3)
+# and two L3s' (Zen 4 ~330 ns, Zen 5 ~400): at 150 the Intel guest's single L3 was read as two in half the probes
+TWO_L3_NS = 230.0
 ROUND_TRIPS = 4000  # ~0.2 ms on one L3, ~1.3 ms on two
 
 
