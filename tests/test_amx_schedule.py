@@ -156,3 +156,45 @@ def test_bf16_amx_schedule_emulated(emulated_amx: None, name: str) -> None:
     assert CALLS[0] > before
     want = kiln.compile(m, num_threads=2, cache=False, precision="bf16", amx=False).run(feeds)[0]
     assert_close(got, want, 1e-4)
+
+
+@pytest.mark.parametrize("case", [0, 2], ids=["conv3x3", "matmul"])
+def test_int8_amx_knobs(emulated_amx: None, case: int, tmp_path) -> None:
+    """The AMX nest is a space (schedule/amx.py knobs `amx_order`, `amx_parts`): its default point is the heuristic's
+    nest, and random points, applied by kiln.compile as tuning records, give onnxruntime's result exactly (every
+    point computes the same C blocks, each whole in one tile-kernel call)."""
+    import random
+
+    from test_tune import db_with_best
+
+    from kiln.schedule.config import Decisions
+    from kiln.schedule.default import schedule_kernel
+    from kiln.tune.space import Space
+    from kiln.tune.tuner import kernels_of
+    from kiln.tune.workload import fresh, signature, workloads_of
+
+    _, m, feeds = cases()[case]
+    t = resolve("host")
+    w = max(workloads_of(kernels_of(m, t, 2, {})), key=lambda x: x.flops)
+    space = Space(w.kernel, t, 2, {})
+    names = {k.split(":")[1] for k in space.default}
+    assert {"amx_order", "amx_parts"} <= names, sorted(space.default)
+    plain, dflt = fresh(w.kernel), fresh(w.kernel)
+    schedule_kernel(plain, t, 2, {})
+    schedule_kernel(dflt, t, 2, {}, Decisions(space.default, strict=True))
+    assert str(plain) == str(dflt)
+    want = run_ort(m, feeds)[0]
+    rng, sig, seen = random.Random(5), signature(w.kernel), set()
+    for i in range(4):
+        cand = space.sample(rng)
+        assert cand is not None
+        seen.add(tuple(sorted((k, v) for k, v in cand.config.items() if "amx" in k)))
+        db_with_best(tmp_path / f"{i}.db", m, t, lambda sp, c=cand.config: c if signature(sp.kernel) == sig
+                     else None).close()
+        exe = kiln.compile(m, num_threads=2, cache=False, tuning=str(tmp_path / f"{i}.db"))
+        assert set(exe.meta["precision"].values()) == {"amx"}, exe.meta["precision"]
+        if cand.config != space.default:  # the record was applied
+            assert [v["sig"] for v in exe.meta["tuned"].values()] == [sig]
+        got = exe.run(feeds)[0]
+        assert np.array_equal(got, want), (cand.config, np.abs(got.astype(int) - want.astype(int)).max())
+    assert len(seen) > 1, seen

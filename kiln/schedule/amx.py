@@ -85,6 +85,7 @@ from kiln.kernel.ir import (
     walk,
 )
 from kiln.runtime.amx import usable
+from kiln.schedule.config import Decisions
 from kiln.schedule.primitives import rename
 from kiln.schedule.tile import flatten_rows
 from kiln.schedule.ukernel import _eval_index, merge_channel_blocks
@@ -160,8 +161,11 @@ def _factors(prod: Expr, n_v: Var) -> tuple[Load, Load, bool] | None:
 
 
 def schedule_amx(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
-                 options: dict[str, bool]) -> list[Stmt] | None:
-    """The AMX nest of a bf16 anchor or of an integer one (schedule/int8.py), or None where it does not apply."""
+                 options: dict[str, bool], dec: Decisions | None = None) -> list[Stmt] | None:
+    """The AMX nest of a bf16 anchor or of an integer one (schedule/int8.py), or None where it does not apply.
+    Knobs (schedule/config.py; every point computes the same C blocks, each whole in one kernel call): `amx_order`
+    — panels fastest (the block's A tiles serve every panel) or row blocks fastest (each panel's B read once), by
+    default panels where all of B fits half of L2 —, and `amx_parts` — parallel parts per thread (4)."""
     if not options.get("amx", True) or target.arch != "x86_64" or not usable(target.features):
         return None
     if c.hints.get("depthwise") or (c.store is not None and len(c.store) != 1):  # (one flat index: stored as the axes)
@@ -217,7 +221,7 @@ def schedule_amx(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
         pre += pack_a
         red = next(e for e in walk(c.body) if isinstance(e, Reduce))
     nest = _nest(k, c, red, b, b_base, rows, nr, N, kp, tag, target, threads if options.get("parallel", True) else 1,
-                 ops)
+                 ops, dec if dec is not None else Decisions())
     return pre + nest
 
 
@@ -458,7 +462,7 @@ def _pick_mr(m: int) -> int:
 
 
 def _nest(k: Kernel, c: Compute, red: Reduce, b: Load, b_base: Expr, rows: Rows, nr: int, N: int, K: int,
-          tag: str, target: Target, threads: int, ops: Operands = BF16) -> list[Stmt]:
+          tag: str, target: Target, threads: int, ops: Operands, dec: Decisions) -> list[Stmt]:
     """The AMX nest (module docstring); K is the B panel's (padded) reduction length."""
     dt, kb = ops.dtype, ops.kb
     nt = nr // 16
@@ -491,7 +495,7 @@ def _nest(k: Kernel, c: Compute, red: Reduce, b: Load, b_base: Expr, rows: Rows,
         """parallel parts over n_items work items, the tile configuration loaded once per part."""
         k.extern_ir[config_name(dt, cfg_mr, kb)] = config_ir(dt, cfg_mr, kb)
         k.extern_ir[RELEASE] = release_ir()
-        parts = max(1, min(n_items, threads * PARTS_PER_THREAD)) if threads > 1 else 1
+        parts = max(1, min(n_items, threads * parts_per_thread)) if threads > 1 else 1
         per = -(-n_items // parts)
         parts = -(-n_items // per)
         part, w = Var(f"apart{tag}"), Var(f"aw{tag}")
@@ -502,7 +506,9 @@ def _nest(k: Kernel, c: Compute, red: Reduce, b: Load, b_base: Expr, rows: Rows,
 
     # j fastest when every panel fits half of L2 beside the A block (the block's A tiles then serve all panels)
     b_bytes = P * K * nr * ops.size
-    panel_fastest = b_bytes <= target.l2_bytes // 2
+    panel_fastest = dec.knob("amx_order", "panels" if b_bytes <= target.l2_bytes // 2 else "blocks",
+                             ("panels", "blocks")) == "panels"
+    parts_per_thread = dec.knob("amx_parts", PARTS_PER_THREAD, (1, 2, 4, 8)) if threads > 1 else PARTS_PER_THREAD
     edges: list[tuple[int, int]] = []   # (first row, rows): tiles of at most MR rows past the whole blocks
     q_edge = n_blocks * block
     while q_edge < M:

@@ -72,7 +72,7 @@ def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: i
             return nest
     if bf16_products(c) and not symbolic_ok:  # precision="bf16" (passes/precision.py): AMX tiles if the host has them
         node = str(c.hints.get("node", c.out))
-        nest = schedule_amx(k, c, tag, target, threads, options)
+        nest = schedule_amx(k, c, tag, target, threads, options, dec)
         if nest is not None:
             k.precision[node] = "amx"
             k.strategies.setdefault(node, str(c.hints.get("strategy", "direct")))

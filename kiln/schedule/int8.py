@@ -113,7 +113,7 @@ def schedule_int8(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
     if strategy.startswith("library"):  # (an anchor whose library has an integer GEMM never gets here)
         why = (f"no integer GEMM for {form.a.dtype} activations in {strategy} (library:onednn has u8 and "
                "s8, library:mkl u8)")
-    nest = schedule_amx(k, c, tag, target, threads, options)  # AMX tiles (tdpbusd) where the host lets us use them
+    nest = schedule_amx(k, c, tag, target, threads, options, dec)  # AMX tiles (tdpbusd) where the host has them
     if nest is not None:
         k.precision[node] = "amx"
         k.strategies.setdefault(node, f"direct ({strategy} not available: {why})" if why else strategy)
