@@ -198,3 +198,25 @@ def test_int8_amx_knobs(emulated_amx: None, case: int, tmp_path) -> None:
         got = exe.run(feeds)[0]
         assert np.array_equal(got, want), (cand.config, np.abs(got.astype(int) - want.astype(int)).max())
     assert len(seen) > 1, seen
+
+
+@pytest.mark.skipif(not usable(resolve("host").features), reason="needs AMX")
+def test_int8_amx_candidates_measured() -> None:
+    """The tuner's measuring child runs AMX candidates (it requests the tile permission first: without it the first
+    tile instruction is SIGILL); each point's outputs are the default's, bit for bit."""
+    from kiln.tune.measure import Measurer, build_candidate
+    from kiln.tune.space import Space
+    from kiln.tune.tuner import kernels_of
+    from kiln.tune.workload import workloads_of
+
+    _, m, _ = cases()[2]
+    t = resolve("host")
+    w = max(workloads_of(kernels_of(m, t, 2, {})), key=lambda x: x.flops)
+    space = Space(w.kernel, t, 2, {})
+    order = next(k for k in space.knobs if k.endswith(":amx_order"))
+    with Measurer(timeout_s=30.0) as meas:
+        results = [meas.measure(build_candidate(w.kernel, t, 2, {}, {**space.default, order: v}), t, 2)
+                   for v in ("panels", "blocks")]
+    assert [r.status for r in results] == ["ok", "ok"], [r.detail for r in results]
+    a, b = (r.outputs for r in results)
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)

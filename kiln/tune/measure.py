@@ -56,6 +56,7 @@ class Built:
     compile_s: float = 0.0
     features: list[float] | None = None
     sizes: list[list[tuple[int, int]]] = field(default_factory=list)  # symbolic: (slot, value) per size measured
+    amx: bool = False           # runs AMX tile kernels: the measuring process must hold the tile permission
 
 
 def schedule_candidate(kernel: Kernel, target: Target, threads: int, options: dict[str, bool],
@@ -136,7 +137,7 @@ def build_candidate(kernel: Kernel, target: Target, threads: int, options: dict[
     except Exception as e:
         return Built(cfg, status="error", detail=f"codegen: {type(e).__name__}: {e}", features=features)
     return Built(cfg, obj, buffer_roles(k), compile_s=time.perf_counter() - t0, features=features,
-                 sizes=dims_vectors(kernel))
+                 sizes=dims_vectors(kernel), amx="amx" in k.precision.values())
 
 
 # -- the child process ---------------------------------------------------------------------------------------------
@@ -171,6 +172,9 @@ def run_candidate(req: dict) -> dict:
     from kiln.runtime.threadpool import pool_address
 
     target: Target = req["target"]
+    if req.get("amx"):  # without the XTILEDATA permission the first tile instruction is SIGILL (runtime/amx.py)
+        from kiln.runtime.amx import ensure
+        ensure()
     code = LoadedObject(req["obj"], target)
     fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p)(code.address(ENTRY))
     roles = req["buffers"]
@@ -301,7 +305,7 @@ class Measurer:
                 timeout_s: float | None = None) -> Result:
         proc = self.proc if self.proc is not None and self.proc.poll() is None else self._start()
         req = {"obj": built.obj, "buffers": built.buffers, "target": target, "threads": threads, "seed": seed,
-               "samples": self.samples, "want_outputs": want_outputs, "sizes": built.sizes}
+               "samples": self.samples, "want_outputs": want_outputs, "sizes": built.sizes, "amx": built.amx}
         limit = timeout_s or self.timeout_s
         t0 = time.perf_counter()
         try:
