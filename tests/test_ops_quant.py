@@ -411,12 +411,7 @@ def residual_net(c: int = 32, seed: int = 7) -> onnx.ModelProto:
              conv("Conv", ["h2", "wf", "bf"], ["y"])]
     for n in nodes:
         n.name = n.output[0]
-    g = helper.make_graph(nodes, "residual", [helper.make_tensor_value_info("x", T.FLOAT, [1, 16, 14, 14])],
-                          [helper.make_tensor_value_info("y", T.FLOAT, [1, c, 14, 14])],
-                          [numpy_helper.from_array(v, k) for k, v in inits.items()])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    return m
+    return make_model(nodes, {"x": np.zeros((1, 16, 14, 14), np.float32)}, ["y"], inits)
 
 
 def test_kiln_quantize_residual_add_in_the_epilogue(width: str) -> None:
@@ -471,12 +466,7 @@ def gelu_mlp(d: int = 32, seq: int = 8, seed: int = 5) -> onnx.ModelProto:
              mk("Sigmoid", ["vb"], ["s0"]), mk("Mul", ["vb", "s0"], ["s"]), mk("MatMul", ["s", "w3"], ["y"])]
     for n in nodes:
         n.name = n.output[0]
-    g = helper.make_graph(nodes, "gelu_mlp", [helper.make_tensor_value_info("x", T.FLOAT, [1, seq, d])],
-                          [helper.make_tensor_value_info("y", T.FLOAT, [1, seq, d])],
-                          [numpy_helper.from_array(v, k) for k, v in inits.items()])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    return m
+    return make_model(nodes, {"x": np.zeros((1, seq, d), np.float32)}, ["y"], inits)
 
 
 def test_kiln_quantize_activation_written_out(width: str) -> None:

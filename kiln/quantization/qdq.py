@@ -10,10 +10,11 @@ For every Conv / MatMul / Gemm with a constant float weight (not excluded by nam
 weights symmetric int8 per output channel (or per tensor), a Conv bias int32 at the accumulator's scale sx·sw (as
 onnxruntime writes it: the pass adds it to the int32 accumulator; a MatMul's bias Add stays float, in the
 epilogue), and the anchor's output quantized after the bias and activation it feeds alone (so the pass folds
-the requantization into the accumulator tile) — and after a residual Add `r` (ResNet's, MobileNetV2's, a
-transformer's) it feeds alone whose other operand is computed earlier: that Add and its activation run in the
-anchor's epilogue on the float result, so quantizing between them would only add a rounding and ~8 vector operations
-per output vector. A graph output stays float (the logits keep their precision)."""
+the requantization into the accumulator tile; an activation may be several nodes: the exporters' erf GELU, SiLU) —
+and after a residual Add `r` it feeds alone whose other operand is computed earlier and whose sum an anchor reads
+(ResNet's and MobileNetV2's blocks; not a transformer's residual stream, read by LayerNorm): that Add and its
+activation run in the anchor's epilogue on the float result, so quantizing between them would only add a rounding
+and ~8 vector operations per output vector. A graph output stays float (the logits keep their precision)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
