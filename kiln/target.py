@@ -162,6 +162,19 @@ def features_on(features: str) -> frozenset[str]:
     return frozenset(f.strip()[1:] for f in features.split(",") if f.strip().startswith("+"))
 
 
+def vnni_widths(target: Target | None) -> tuple[int, ...]:
+    """The int32 lane counts of the x86 `vpdpbusd` forms `target` has, widest first."""
+    if target is None or target.arch != "x86_64":
+        return ()
+    f = features_on(target.features)
+    out: list[int] = []
+    if "avx512vnni" in f and target.vector_bits >= 512:
+        out.append(16)
+    if ("avx512vnni" in f and "avx512vl" in f and target.vector_bits >= 256) or "avxvnni" in f:
+        out += [8, 4]
+    return tuple(out)
+
+
 # the AMX units Kiln's tile kernels use (kiln/ukernels/amx.py): the tile registers and both dot products
 AMX_FEATURES = frozenset({"amx-tile", "amx-bf16", "amx-int8"})
 

@@ -113,6 +113,50 @@ def test_qlinear_conv_depthwise_odd_channels(width: str) -> None:
     compare(qlinear_conv_model(x3, 8, 1, "int8", True), {"x": x3}, target=width)
 
 
+def depthwise_chain_model(x: np.ndarray, c: int, kernel: tuple[int, int], stride: int, dilation: int
+                          ) -> onnx.ModelProto:
+    """QLinearConv 1×1 (x's channels → c, uint8) then a depthwise QLinearConv on c channels (padded): blocked in and
+    out, so the depthwise one is a QPackedConv (graph/passes/block_layout.py)."""
+    ci = x.shape[1]
+    kh, kw = kernel
+    w1 = rand(c, ci, 1, 1, lo=-100, hi=100, dtype="int8", seed=3)
+    wd = rand(c, 1, kh, kw, lo=-127, hi=127, dtype="int8", seed=4)
+    pads = [dilation * (kh // 2), dilation * (kw // 2)] * 2
+    nodes = [helper.make_node("QLinearConv", ["x", "xs", "xz", "w1", "ws", "wz", "ys", "yz", "b1"], ["h"]),
+             helper.make_node("QLinearConv", ["h", "ys", "yz", "wd", "wds", "wdz", "zs", "zz", "bd"], ["y"],
+                              group=c, pads=pads, strides=[stride, stride], dilations=[dilation, dilation])]
+    consts = {"xs": np.array(0.05, np.float32), "xz": np.array(128, np.uint8), "w1": w1,
+              "ws": np.linspace(0.002, 0.004, c).astype(np.float32), "wz": np.zeros(c, np.int8),
+              "ys": np.array(0.3, np.float32), "yz": np.array(120, np.uint8), "b1": rand(c, lo=-500, hi=500,
+                                                                                         dtype="int32", seed=5),
+              "wd": wd, "wds": np.linspace(0.003, 0.006, c).astype(np.float32), "wdz": np.zeros(c, np.int8),
+              "zs": np.array(0.5, np.float32), "zz": np.array(100, np.uint8),
+              "bd": rand(c, lo=-900, hi=900, dtype="int32", seed=6)}
+    return make_model(nodes, {"x": x}, ["y"], consts, opset=13)
+
+
+@pytest.mark.parametrize("c,kernel,stride,dilation", [(64, (3, 3), 1, 1), (48, (3, 3), 2, 1), (32, (3, 3), 1, 2),
+                                                      (40, (3, 2), 1, 1), (16, (5, 5), 1, 1)])
+def test_depthwise_window_rows(width: str, c: int, kernel: tuple[int, int], stride: int, dilation: int) -> None:
+    """An int8 depthwise conv on x86 with VNNI sums each window row's ≤ 4 taps per channel with one vpdpbusd
+    (kernel/dot.py LaneDot4; weights [C/NR, kh, NR, 4]); with AVX512_VBMI a row's taps are one or two 64-byte loads
+    and a byte permute, guarded by per-tap masks on edge tiles (codegen/int8.py). Channel blocks of 32, 16 and 8,
+    strides, dilation, a 3×2 window, and a 5×5 one (wider than a group: the per-tap form) against onnxruntime,
+    within 1 step; the form is checked in the kernels and, with VBMI, in the assembly."""
+    x = rand(1, 8, 9, 30, lo=0, hi=255, dtype="uint8")  # rows of 30: interior tiles (plain loads) and edge ones
+    m = depthwise_chain_model(x, c, kernel, stride, dilation)
+    t = resolve(width)
+    rows = bool(vnni_widths(t)) and kernel[1] <= 4
+    low = lower(m, t, 2, check_options({}), stop_after="llvm")
+    kernels = "\n".join(str(k) for k in low.program.kernels)
+    assert ("lane_dot4" in kernels) == rows, kernels[:2000]
+    if rows and "avx512vbmi" in t.features and t.vector_bits >= 512:
+        asm = emit_assembly(optimize(low.llvm_ir, t), t)
+        assert "vpermt2b" in asm or "vpermb" in asm or "vpermi2b" in asm, "no byte permute: the window-row loads"
+        assert "vpdpbusd" in asm
+    compare(m, {"x": x}, target=width)
+
+
 @pytest.mark.parametrize("adt", ["uint8", "int8"])
 def test_qlinear_matmul(width: str, adt: str) -> None:
     a = rand(5, 37, lo=0 if adt == "uint8" else -128, hi=255 if adt == "uint8" else 127, dtype=adt)

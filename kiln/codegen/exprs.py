@@ -28,7 +28,7 @@ from kiln.codegen.constants import poison, splat_constant, vector_constant
 from kiln.codegen.dims import dims_value
 from kiln.codegen.hoist import emitting_in, hoistable, value_key
 from kiln.codegen.mathfn import VectorMath
-from kiln.kernel.dot import Dot2, Dot4, Mmla, MmlaRow
+from kiln.kernel.dot import Dot2, Dot4, LaneDot4, Mmla, MmlaRow
 from kiln.kernel.ir import (
     Addr,
     Bin,
@@ -277,6 +277,9 @@ class ExprEmitter(MemoryAccess):
         if isinstance(e, Dot4):  # 8-bit dot products, per ISA (codegen/int8.py)
             from kiln.codegen.int8 import emit_dot4
             return emit_dot4(self, e)
+        if isinstance(e, LaneDot4):  # per-lane 8-bit dot products: an int8 depthwise conv's taps (codegen/int8.py)
+            from kiln.codegen.int8 import emit_lane_dot4
+            return emit_lane_dot4(self, e)
         if isinstance(e, Dot2):  # bf16 pair dot products: vdpbf16ps (codegen/dpbf16.py)
             from kiln.codegen.dpbf16 import emit_dot2
             return emit_dot2(self, e)

@@ -19,29 +19,17 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from kiln.kernel.analysis import coef
-from kiln.kernel.dot import Dot4
-from kiln.target import Target, features_on
+from kiln.kernel.analysis import coef, unclamped_index
+from kiln.kernel.dot import Dot4, LaneDot4
+from kiln.kernel.ir import Const, Load, Select
+from kiln.target import Target, features_on, vnni_widths
 
-I1, I8, I16, I32 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32)
+I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 PTR = ir.PointerType()
 
 
 def features(target: Target | None) -> frozenset[str]:
     return frozenset() if target is None else features_on(target.features)
-
-
-def vnni_widths(target: Target | None) -> tuple[int, ...]:
-    """The int32 lane counts of the x86 `vpdpbusd` forms `target` has, widest first."""
-    f = features(target)
-    if target is None or target.arch != "x86_64":
-        return ()
-    out: list[int] = []
-    if "avx512vnni" in f and target.vector_bits >= 512:
-        out.append(16)
-    if ("avx512vnni" in f and "avx512vl" in f and target.vector_bits >= 256) or "avxvnni" in f:
-        out += [8, 4]
-    return tuple(out)
 
 
 def dot_method(target: Target) -> str:
@@ -101,13 +89,130 @@ def dot_operands(em, e, a_flat, b_ptr: ir.Value, b_flat, group: int, elem: ir.In
     word = B.load(B.gep(a_ptr, [em._uniform(a_flat)[0]], source_etype=elem), typ=I32, align=size)
     vt = ir.VectorType(elem, group * n)
     a = B.bitcast(em.splat(word, n), vt)
-    b_at = em.element_ptr(b_ptr, b_flat, elem)
+    return acc, a, groups_per_lane(em, b_ptr, b_flat, group, elem)
+
+
+def groups_per_lane(em, ptr: ir.Value, flat, group: int, elem: ir.IntType) -> ir.Value:  # noqa: ANN001
+    """The `group` consecutive values of each lane at flat + group·lane, as <group·n x elem>: one load, masked per
+    lane's group on an edge iteration."""
+    B, vec = em.b, em.vec
+    n, size = vec.lanes, elem.width // 8
+    vt = ir.VectorType(elem, group * n)
+    at = em.element_ptr(ptr, flat, elem)
     if vec.mask is None:
-        return acc, a, B.load(b_at, typ=vt, align=size)
+        return B.load(at, typ=vt, align=size)
     per_value = ir.Constant(ir.VectorType(I32, group * n), [i // group for i in range(group * n)])
     spread = B.shuffle_vector(vec.mask, vec.mask, per_value)
     fn = em._decl(f"llvm.masked.load.v{group * n}i{elem.width}.p0", vt, [PTR, I32, ir.VectorType(I1, group * n), vt])
-    return acc, a, B.call(fn, [b_at, ir.Constant(I32, size), spread, ir.Constant(vt, None)])
+    return B.call(fn, [at, ir.Constant(I32, size), spread, ir.Constant(vt, None)])
+
+
+def _interleaved(em, e: LaneDot4, n: int) -> ir.Value:  # noqa: ANN001
+    """The four tap vectors <n x i8> interleaved into <4n x i8> (lane i: bytes x0[i], x1[i], x2[i], x3[i]): two
+    rounds of shuffles; a Const 0 tap (past the window's end) is a splat zero."""
+    B = em.b
+    taps = []
+    for x in e.taps:
+        v, is_vec = em.ev(x)
+        taps.append(v if is_vec else em.splat(v, n))
+    pair = ir.Constant(ir.VectorType(I32, 2 * n), [(i // 2) + (n if i % 2 else 0) for i in range(2 * n)])
+    lo, hi = B.shuffle_vector(taps[0], taps[1], pair), B.shuffle_vector(taps[2], taps[3], pair)
+    quad = ir.Constant(ir.VectorType(I32, 4 * n), [2 * (i // 4) + (i % 2) + (2 * n if i % 4 >= 2 else 0)
+                                                   for i in range(4 * n)])
+    return B.shuffle_vector(lo, hi, quad)
+
+
+def _window_row(em, e: LaneDot4, n: int) -> ir.Value | None:  # noqa: ANN001
+    """Where the taps read one buffer `stride` bytes apart (a blocked depthwise conv's adjacent pixels), the window
+    row's bytes as one or two 64-byte loads and ONE byte permute per 16 lanes into the lanes' groups (AVX512_VBMI
+    `vpermt2b`), against a widening and word permutes per tap for the generic interleave. Guarded taps (padding:
+    select(in bounds, X[clamped], fill), kernel/lower.py guarded_window) read through masked loads at the unclamped
+    address, each tap's bytes under its own condition, `fill` elsewhere. None where the form does not hold (no VBMI,
+    a masked vector, taps of another shape)."""
+    taps = [x for x in e.taps if not (isinstance(x, Const) and x.value == 0)]
+    target = getattr(em, "target", None)
+    if e.stride <= 0 or em.vec.mask is not None or "avx512vbmi" not in features(target) or \
+            target.vector_bits < 512 or len(taps) != sum(1 for x in e.taps if not isinstance(x, Const)):
+        return None
+    fills = {x.b.value for x in taps if isinstance(x, Select)}
+    index = [x.index if isinstance(x, Load) else unclamped_index(x) for x in taps]
+    first = taps[0] if isinstance(taps[0], Load) else taps[0].a
+    if any(i is None for i in index) or len(fills) > 1:
+        return None
+    ptr, dtype, flat = em.address(first.buf, index[0])
+    if dtype != "uint8" or coef(flat, em.vec.var) != 1:
+        return None
+    span = (len(taps) - 1) * e.stride + n
+    if span > 128:
+        return None
+    conds = []
+    for x in taps:
+        if isinstance(x, Select):
+            c, cv = em.ev(x.cond)
+            if cv:  # a condition that varies along the channels: not the padding of a pixel
+                return None
+            conds.append(c)
+        else:
+            conds.append(ir.Constant(I1, 1))
+    at = em.element_ptr(ptr, flat, I8)
+    guarded = any(isinstance(x, Select) for x in taps)
+    fill = em.splat(ir.Constant(I8, int(fills.pop()) if fills else 0), 64)
+    if guarded:
+        cv = ir.Constant(ir.VectorType(I1, 4), None)
+        for q, c in enumerate(conds):
+            cv = em.b.insert_element(cv, c, ir.Constant(I32, q))
+    masked_load = em._decl("llvm.masked.load.v64i8.p0", ir.VectorType(I8, 64),
+                           [PTR, I32, ir.VectorType(I1, 64), ir.VectorType(I8, 64)])
+
+    def load64(offset: int) -> ir.Value:
+        """Bytes offset … offset + 63 of the span; guarded: each tap's bytes where it is in bounds, the gaps
+        between taps (n < stride) and the bytes past the span never touched."""
+        p = em.b.gep(at, [ir.Constant(I64, offset)], source_etype=I8) if offset else at
+        if not guarded and span >= 64:
+            return em.b.load(p, typ=ir.VectorType(I8, 64), align=1)
+        sel = [(offset + o) // e.stride if offset + o < span and (offset + o) % e.stride < n else 4 for o in range(64)]
+        if guarded:
+            mask = em.b.shuffle_vector(cv, ir.Constant(ir.VectorType(I1, 4), None),
+                                       ir.Constant(ir.VectorType(I32, 64), sel))
+        else:  # a span shorter than 64 bytes (16 lanes): one load under a constant mask, not a 48-byte vector
+            mask = ir.Constant(ir.VectorType(I1, 64), [int(t < 4) for t in sel])
+        return em.b.call(masked_load, [p, ir.Constant(I32, 1), mask, fill])
+
+    # (a tap past the window's end has zero weights: any byte serves, so lane i's fourth byte is tap 0's)
+    offsets = [(q if q < len(taps) else 0) * e.stride + i for i in range(n) for q in range(4)]
+    if span <= 64:
+        row = load64(0)
+        return em.b.shuffle_vector(row, row, ir.Constant(ir.VectorType(I32, 4 * n), offsets))
+    # two overlapping loads, the second ending at the span's last byte (never past the taps' reads)
+    lo, hi = load64(0), load64(span - 64)
+    index = [o if o < 64 else 64 + o - (span - 64) for o in offsets]
+    return em.b.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(I32, 4 * n), index))
+
+
+def emit_lane_dot4(em, e: LaneDot4) -> tuple[ir.Value, bool]:  # noqa: ANN001  (em: codegen.exprs.ExprEmitter)
+    """`LaneDot4` in a vector loop: the four tap vectors <n x i8> interleaved into <4n x i8> (two rounds of
+    shuffles; LLVM picks the permutes), the weights one load of 4n bytes, then `vpdpbusd` per VNNI piece (pmaddwd
+    pairs on x86 without VNNI); anything else (scalar code, an operand layout outside the form, a bounds-checked
+    build, activations not uint8) is `LaneDot4.expand()`."""
+    vec = em.vec
+    if vec is None or getattr(em, "strip", None) is not None or em.bounds is not None:
+        return em.ev(e.expand())
+    w_ptr, w_dtype, w_flat = em.address(e.w.buf, e.w.index)
+    target = getattr(em, "target", None)
+    if coef(w_flat, vec.var) != 4 or w_dtype != "int8" or target is None or target.arch != "x86_64" or any(
+            x.dtype != "uint8" for x in e.taps):
+        return em.ev(e.expand())
+    n = vec.lanes
+    acc, acc_vec = em.ev(e.acc)
+    if not acc_vec:
+        acc = em.splat(acc)
+    x8 = _window_row(em, e, n) or _interleaved(em, e, n)
+    w8 = groups_per_lane(em, w_ptr, w_flat, 4, I8)
+    widths = [w for w in vnni_widths(target) if w <= n and n % w == 0]
+    if widths:
+        return pieces(em, acc, x8, w8, n, widths[0], _vnni), True
+    w = min(n, max(4, target.vector_bits // 32))
+    return pieces(em, acc, x8, w8, n, w, lambda em_, c, x, y, w_: _pmaddwd(em_, c, x, y, w_, "uint8")), True
 
 
 def lane_slice(em, v: ir.Value, start: int, count: int) -> ir.Value:  # noqa: ANN001

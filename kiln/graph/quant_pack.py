@@ -5,7 +5,8 @@ reduction per 32-bit lane, so the weights are grouped in fours along K and the o
 
     MatMul   B[K, N] int8              →  Bp[⌈N/NR⌉, ⌈K/4⌉, NR, 4]          (zero-padded in N and K)
     Conv     W[Co, Ci, kh, kw] int8    →  Wp[Co/NR, Ci/cb, kh, kw, cb/4, NR, 4]  (blocked input, cb | Ci, 4 | cb)
-    depthwise W[C, 1, kh, kw] (float)  →  Wd[C/NR, kh, kw, NR]              (float32 taps: exact small integers)
+    depthwise W[C, 1, kh, kw] int8     →  Wd[C/NR, kh, kw, NR]              (int8 taps, one vector per tap)
+      or, kw ≤ 4 on x86 with VNNI      →  Wq[C/NR, kh, NR, 4]               (a window row's taps per lane, zero-padded)
 
 One k-step of a register tile reads one 32-bit group of A (4 activations, broadcast) and NR·4 contiguous weight
 bytes: NR/16 zmm registers on AVX-512. An AMX int8 tile kernel reads B in the same [K/4][N][4] order (16 rows of
@@ -44,6 +45,16 @@ def pack_depthwise(w: np.ndarray, nr: int) -> np.ndarray:
     """Depthwise int8 taps [C/nr, kh, kw, nr]: per tap, one vector of the block's channels."""
     c, _, kh, kw = w.shape
     return np.ascontiguousarray(w.reshape(c // nr, nr, kh, kw).transpose(0, 2, 3, 1).astype(np.int8))
+
+
+def pack_depthwise_quads(w: np.ndarray, nr: int) -> np.ndarray:
+    """Depthwise int8 taps [C/nr, kh, nr, 4]: per window row, each channel's kw ≤ 4 taps as one 4-byte group (zero
+    past kw), the operand of one `vpdpbusd` lane (kernel/dot.py LaneDot4)."""
+    c, _, kh, kw = w.shape
+    assert kw <= INT8_K_GROUP, kw
+    quads = np.zeros((c, kh, INT8_K_GROUP), np.int8)
+    quads[:, :, :kw] = w[:, 0]
+    return np.ascontiguousarray(quads.reshape(c // nr, nr, kh, INT8_K_GROUP).transpose(0, 2, 1, 3))
 
 
 def int8_channel_block(c: int, target: Target) -> int:

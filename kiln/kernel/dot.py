@@ -3,6 +3,7 @@ ISA, each with its plain-arithmetic value (`expand`) where it has one.
 
     Dot4     acc + Σ_{q<4} a[q]·b[q] per int32 lane            vpdpbusd, SDOT, RVV widening MACs   codegen/int8.py
     Dot2     acc + Σ_{q<2} a[q]·b[q] per float32 lane (bf16)   vdpbf16ps, BFDOT                    codegen/dpbf16.py
+    LaneDot4 acc + Σ_{q<4} x_q·w[q] per int32 lane, x_q vectors  vpdpbusd (an int8 depthwise conv)   codegen/int8.py
     Mmla     a 2-row × 2-column block per 4 lanes              SMMLA (i8mm), BFMMLA                codegen/mmla.py
     MmlaRow  one row of two Mmla accumulators, in column order (the tile's epilogue reads it)"""
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kiln.kernel.ir import Cast, Expr, Load, cache_hash
+from kiln.kernel.ir import Cast, Const, Expr, Load, cache_hash
 
 
 def _grouped_sum(acc: Expr, a: Load, b: Load, group: int, product: Any) -> Expr:
@@ -39,6 +40,41 @@ class Dot4(Expr):
 
     def __repr__(self) -> str:
         return f"dot4({self.acc!r}, {self.a!r}, {self.b!r})"
+
+
+@dataclass(frozen=True, repr=False)
+class LaneDot4(Expr):
+    """acc + Σ_{q<4} x_q · w[q] in int32 lanes, where both operands vary per lane: four 8-bit values x0 … x3 (any
+    expressions, e.g. an int8 depthwise conv's four taps along a window row, each a vector over the channels;
+    Const 0 where the window has fewer taps) are interleaved into each lane's 4 bytes, against the weights `w`,
+    a Load of the first of each lane's 4 consecutive bytes (lane i at its index + 4·i: taps packed
+    [.., C, 4], graph/quant_pack.py `pack_depthwise_quads`). One `vpdpbusd` per 16 lanes instead of four widening
+    multiplies and adds. kiln/codegen/int8.py emits it; `acc + LaneDot4(0, …)` folds into its accumulator
+    (schedule/primitives.py `combine`)."""
+    acc: Expr
+    x0: Expr
+    x1: Expr
+    x2: Expr
+    x3: Expr
+    w: Load
+    stride: int = 0   # elements between consecutive taps' reads when they are plain loads of one buffer (else 0)
+    dtype: str = field(init=False, default="int32")
+
+    @property
+    def taps(self) -> tuple[Expr, Expr, Expr, Expr]:
+        return self.x0, self.x1, self.x2, self.x3
+
+    def expand(self) -> Expr:
+        """The same value in plain integer arithmetic (scalar code, bounds-checked builds, targets without VNNI)."""
+        out = self.acc
+        for q, x in enumerate(self.taps):
+            if not (isinstance(x, Const) and x.value == 0):
+                wq = Load(self.w.buf, self.w.index[:-1] + (self.w.index[-1] + q,), self.w.dtype)
+                out = out + Cast("int32", x) * Cast("int32", wq)
+        return out
+
+    def __repr__(self) -> str:
+        return f"lane_dot4({self.acc!r}, [{', '.join(map(repr, self.taps))}], {self.w!r}, stride={self.stride})"
 
 
 @dataclass(frozen=True, repr=False)
@@ -109,5 +145,5 @@ class MmlaRow(Expr):
         return f"mmla_row({self.lo!r}, {self.hi!r}, {self.row})"
 
 
-for _cls in (Dot4, Dot2, Mmla, MmlaRow):
+for _cls in (Dot4, LaneDot4, Dot2, Mmla, MmlaRow):
     cache_hash(_cls)

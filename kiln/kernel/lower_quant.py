@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from kiln.graph.ir import Node
 from kiln.graph.quant_ops import qrange
+from kiln.kernel.dot import LaneDot4
 from kiln.kernel.ir import Cast, Compute, Const, Expr, Load, Reduce, Un, Var
 from kiln.kernel.lower import Lowered, _out, _padded, bcast_index, clamp, guarded_window, ld, lowering
 
@@ -144,6 +145,8 @@ def lower_qpacked_conv(n: Node) -> Lowered:
       depthwise  Σ_{kh, kw} i32(X[b, cob, ih, iw, coi]) · i32(Wd[cob, kh, kw, coi]), padding read through guards
                  that yield the zero point (int32, on the depthwise tile of schedule/tile.py: each product a 16-bit
                  pair with a zero upper half, so LLVM emits `vpdpwssd` / `pmaddwd`, no int→float convert per tap);
+                 with `quads` (x86 with VNNI, kw ≤ 4: graph/passes/block_layout.py) Σ_kh lane_dot4(X at the row's kw
+                 taps, Wq[cob, kh, coi, 0..3]) — one vpdpbusd per window row and 16 channels;
     plus addend[co]. The hints are PackedConv's (schedule/tile.py, schedule/int8.py)."""
     x, wp = n.inputs[0], n.inputs[1]
     y, ax = _out(n)
@@ -156,7 +159,13 @@ def lower_qpacked_conv(n: Node) -> Lowered:
     taps = tuple(zip(ks, a["kernel"]))
     fill = Const(int(a["fill"]), x.dtype)
     pre = tmp = None
-    if a["depthwise"]:
+    if a["depthwise"] and a.get("quads"):  # a window row's taps, one 4-byte group per lane: LaneDot4
+        row = sp[0] - a["pads"][0]
+        xq = [guarded_window(x, (b, cob), (row, sp_out[1] * a["strides"][1] + q * a["dilations"][1] - a["pads"][1]),
+                             (coi,), int(a["fill"])) if q < a["kernel"][1] else Const(0, x.dtype) for q in range(4)]
+        w = Load(wp.name, (cob, ks[0], coi, Const(0, "int64")), wp.dtype)
+        body = Reduce("sum", taps[:1], LaneDot4(Const(0, "int32"), *xq, w, a["dilations"][1] * x.shape[-1]))
+    elif a["depthwise"]:
         xs = guarded_window(x, (b, cob), tuple(p - a["pads"][i] for i, p in enumerate(sp)), (coi,), int(a["fill"]))
         body = Reduce("sum", taps, product(xs, Load(wp.name, (cob,) + ks + (coi,), wp.dtype), "int32"))
     else:

@@ -4,6 +4,9 @@ Loop nests are lists of `Loop`/`Store`/`Local`/`Assign` (kiln.kernel.ir). Each p
 shows the nest before and after, TVM-style."""
 from __future__ import annotations
 
+from dataclasses import replace
+
+from kiln.kernel.dot import LaneDot4
 from kiln.kernel.ir import (
     Alloc,
     Assign,
@@ -59,6 +62,8 @@ def compute_to_loops(c: Compute, tag: str) -> list[Stmt]:
 
 def combine(op: str, acc: Expr, x: Expr) -> Expr:
     from kiln.kernel.ir import Bin
+    if op == "sum" and isinstance(x, LaneDot4) and isinstance(x.acc, Const) and x.acc.value == 0:
+        return replace(x, acc=acc)  # acc + lane_dot4(0, …) ⇒ lane_dot4(acc, …): vpdpbusd accumulates in place
     return {"sum": lambda: acc + x, "prod": lambda: acc * x,
             "max": lambda: Bin("max", acc, x), "min": lambda: Bin("min", acc, x)}[op]()
 

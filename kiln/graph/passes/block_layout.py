@@ -26,9 +26,15 @@ import numpy as np
 from kiln.graph.ir import Graph, Node, TensorType, Value
 from kiln.graph.ops import OPS, infer
 from kiln.graph.passes.pack_weights import pack
-from kiln.graph.quant_pack import INT8_K_GROUP, int8_channel_block, pack_depthwise, pack_qconv_blocked
+from kiln.graph.quant_pack import (
+    INT8_K_GROUP,
+    int8_channel_block,
+    pack_depthwise,
+    pack_depthwise_quads,
+    pack_qconv_blocked,
+)
 from kiln.strategy import strategy_of
-from kiln.target import Target, features_on
+from kiln.target import Target, features_on, vnni_widths
 
 SPATIAL_REDUCE_KINDS = ("mean", "sum", "max", "min")
 # the strategies whose schedules take blocked operands: direct emission and the microkernel nest (whose panel
@@ -122,10 +128,13 @@ def _qconv(g: Graph, n: Node, xb: Value | None, target: Target) -> tuple[Node, b
     out_block = in_block if depthwise else int8_channel_block(co, target)
     if not out_block or in_block % INT8_K_GROUP:
         return None
-    wp = pack_depthwise(w.const, out_block) if depthwise else pack_qconv_blocked(w.const, out_block, in_block)
+    # a depthwise conv's window rows as 4-byte groups where one vpdpbusd sums them (kernel/dot.py LaneDot4)
+    quads = depthwise and w.shape[3] <= INT8_K_GROUP and x.dtype == "uint8" and bool(vnni_widths(target))
+    wp = (pack_depthwise_quads if quads else pack_depthwise)(w.const, out_block) if depthwise else \
+        pack_qconv_blocked(w.const, out_block, in_block)
     packed = Value(g.fresh(w.name + ".packed"), TensorType(wp.dtype.name, wp.shape), const=wp)
     attrs = {**a, "co": co, "nr": out_block, "kernel": tuple(w.shape[2:]), "in_block": in_block,
-             "out_block": out_block, "depthwise": depthwise}
+             "out_block": out_block, "depthwise": depthwise, "quads": quads}
     return Node("QPackedConv", [xb, packed] + n.inputs[2:], [], attrs, n.name), True
 
 
