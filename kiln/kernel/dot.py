@@ -49,8 +49,9 @@ class LaneDot4(Expr):
     Const 0 where the window has fewer taps) are interleaved into each lane's 4 bytes, against the weights `w`,
     a Load of the first of each lane's 4 consecutive bytes (lane i at its index + 4·i: taps packed
     [.., C, 4], graph/quant_pack.py `pack_depthwise_quads`). One `vpdpbusd` per 16 lanes instead of four widening
-    multiplies and adds. kiln/codegen/int8.py emits it; `acc + LaneDot4(0, …)` folds into its accumulator
-    (schedule/primitives.py `combine`)."""
+    multiplies and adds. A Const 0 tap faces zero weights (the packing pads them), so an emitter may put any byte
+    there; `stride` (> 0) says the taps read one buffer that many elements apart. kiln/codegen/int8.py emits it;
+    `acc + LaneDot4(0, …)` folds into its accumulator (schedule/primitives.py `combine`)."""
     acc: Expr
     x0: Expr
     x1: Expr

@@ -17,6 +17,7 @@ activation run in the anchor's epilogue on the float result, so quantizing betwe
 and ~8 vector operations per output vector. A graph output stays float (the logits keep their precision)."""
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,24 +47,24 @@ def _consumers(g: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
     return out
 
 
-def activation_region(y: str, users: dict[str, list[onnx.NodeProto]], inits: set[str], outputs: set[str]) -> str:
+def activation_region(y: str, users: dict[str, list[onnx.NodeProto]], inits: Container[str], outputs: set[str]
+                      ) -> str:
     """What an activation computes from y alone when it is written as several elementwise nodes — the nodes that read
     only y, constants and each other, with one tensor leaving them (y itself read by nothing else) — or y."""
-    region: list[onnx.NodeProto] = []
+    inside: set[int] = set()  # the region's nodes, by identity (protobuf messages compare by value)
     have = {y}
     grew = True
-    while grew and len(region) < MAX_REGION:
+    while grew and len(inside) < MAX_REGION:
         grew = False
         for t in list(have):
             for r in users.get(t, []):
-                if r not in region and r.op_type in ELEMENTWISE and all(i in have or i in inits or not i
-                                                                         for i in r.input):
-                    region.append(r)
+                if id(r) not in inside and r.op_type in ELEMENTWISE and all(i in have or i in inits or not i
+                                                                            for i in r.input):
+                    inside.add(id(r))
                     have.update(r.output)
                     grew = True
-    inside = {id(r) for r in region}
     leaving = [t for t in have if t in outputs or any(id(r) not in inside for r in users.get(t, []))]
-    return leaving[0] if region and len(leaving) == 1 and leaving[0] != y else y
+    return leaving[0] if inside and len(leaving) == 1 and leaving[0] != y else y
 
 
 def _weight_axis(n: onnx.NodeProto) -> int:
@@ -96,7 +97,6 @@ def plan(model: onnx.ModelProto, exclude_nodes: tuple[str, ...], exclude_ops: tu
         weights[n.input[1]] = _weight_axis(n)
         acts.append(n.input[0])
         y = n.output[0]
-        before_residual = y
         for follow in ("Add", *FOLLOWERS, "region", "residual", *FOLLOWERS):
             # through a constant bias add, then an activation (one node, or several: activation_region), then a
             # residual Add and its activation, each y's only reader; the residual Add only when its other operand is
@@ -106,7 +106,7 @@ def plan(model: onnx.ModelProto, exclude_nodes: tuple[str, ...], exclude_ops: tu
             if follow == "residual":
                 before_residual = y
             if follow == "region":
-                y = activation_region(y, users, set(inits), outputs) if y not in outputs else y
+                y = activation_region(y, users, inits, outputs) if y not in outputs else y
                 continue
             r = users.get(y, [])
             if len(r) != 1 or y in outputs or r[0].name in exclude_nodes:

@@ -21,7 +21,8 @@ anchors run on integers and values stay 8-bit between them:
         Conv(DQ(x, sx, zx), DQ(w, sw, zw), b)  ⇒  QConv(x, w − zw, addend) → Cast f32 → · sx·sw (+ b)
         addend[co] = −zx·Σw[co] (+ b / (sx·sw) when b is an int32 bias at that scale, as onnxruntime writes it)
 
-    A depthwise conv accumulates int32 too (u8 · s8 products as 16-bit pairs: `vpdpwssd` / `pmaddwd`). Weights with
+    A depthwise conv accumulates int32 too (u8 · s8 products as 16-bit pairs: `vpdpwssd` / `pmaddwd`; on x86 with
+    VNNI a window row's taps as one `vpdpbusd` group per channel, kernel/dot.py LaneDot4). Weights with
     a zero point that does not re-centre into int8, grouped (non-depthwise) convs and non-2-D convs keep their float
     form ("fp32 between DQ and Q": correct).
 
@@ -374,25 +375,25 @@ def fold_requantize(g: Graph) -> None:
     for mul in g.nodes:
         if not mul.attrs.get("requant") or mul.op != "Mul":
             continue
-        chain_end: Node | None = None
         chain = [mul]
         nxt = only_reader(mul.outputs[0])
         if nxt is not None and nxt.attrs.get("requant") and nxt.op == "Add":
             chain.append(nxt)
             nxt = only_reader(nxt.outputs[0])
-        skip = None  # a residual Add of a dequantized value read by it alone (kiln.quantize leaves it to the epilogue)
+        # a residual Add of a dequantized value read by it alone (kiln.quantize leaves it to the epilogue), and that
+        # value's Dequantize
+        residual = skip = None
         if nxt is not None and nxt.op == "Add" and len(nxt.inputs) == 2:
             other = next((v for v in nxt.inputs if v is not chain[-1].outputs[0]), None)
             dq = _dq(other) if other is not None else None
             if dq is not None and only_reader(other) is nxt and _scalar(dq.inputs[1]) is not None:
-                skip = dq
-                chain_end = nxt
+                residual, skip = nxt, dq
                 nxt = only_reader(nxt.outputs[0])
         act = None
         if nxt is not None and nxt.op in ("Relu", "Clip"):
             act = nxt
             nxt = only_reader(nxt.outputs[0])
-        last = act or (chain_end if skip is not None else chain[-1])
+        last = act or residual or chain[-1]
         if nxt is None or nxt.op != "Quantize" or nxt.inputs[0] is not last.outputs[0]:
             continue
         sy = _scalar(nxt.inputs[1])
