@@ -2,7 +2,7 @@
 
     python benchmarks/int8_report.py conv_r50_3x3 gemm_1024 [resnet50 mobilenetv2 bert_base]
            [--calib 100] [--quality 500] [--rounds 7] [--runs 5] [--threads 2] [--target host]
-           [--strategies ukernel,library:onednn]
+           [--strategies ukernel,library:onednn] [--float-bf16]
     (wrap in `flock /tmp/kiln-measure.lock` on a shared machine)
 
 Per workload (kiln.zoo, random weights built in code; inputs are zoo.inputs with seeds 100.. for calibration and
@@ -12,6 +12,10 @@ Per workload (kiln.zoo, random weights built in code; inputs are zoo.inputs with
               kiln-int8-<s> the same quantized model built with strategy s (--strategies: `ukernel`, the 8-bit
                             microkernels of kiln/ukernels/dot.py; `library:onednn` / `library:mkl`, their integer
                             GEMMs), the anchors' strategies printed and the outputs checked equal to kiln-int8's
+              kiln-int8-bf16  (--float-bf16) the same quantized model compiled with precision="bf16": its float
+                            anchors (bert's attention Q·Kᵀ, P·V) on bf16 — AMX / vdpbf16ps — as OpenVINO's int8 runs its
+                            float parts on such CPUs by default (kiln bench keeps every system's float parts fp32);
+                            its SNR against Kiln fp32 printed
               ort-fp32      onnxruntime, 2 threads
               ort-int8      onnxruntime on its own quantize_static model (quant_pre_process, then QDQ, S8S8,
                             per-channel), same calib set
@@ -126,6 +130,12 @@ def report(name: str, a: argparse.Namespace) -> None:
         same = all(np.array_equal(exe_s.run(x)[0], exe_q.run(x)[0]) for x in quality[:3])
         print(f"kiln-int8-{strategy}: anchors built {built}; outputs equal to kiln-int8's: {same}")
         runners[f"kiln-int8-{strategy}"] = lambda exe_s=exe_s: exe_s.run(f)
+    if a.float_bf16:
+        exe_b = kiln.compile(kq, target=a.target, num_threads=a.threads, precision="bf16")
+        got = np.stack([exe_b.run(x)[0] for x in quality])
+        kinds = sorted(set(exe_b.meta["precision"].values()))
+        print(f"kiln-int8-bf16: anchors {kinds}; logit SNR vs Kiln fp32 {snr_db(ref_a, got):.1f} dB")
+        runners["kiln-int8-bf16"] = lambda: exe_b.run(f)
     ms = measure(runners, a.rounds, a.runs)
     print("| system | median ms | kiln-int8 / system |")
     print("|---|---|---|")
@@ -143,6 +153,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--target", default="host")
     p.add_argument("--strategies", default="", help="also Kiln int8 built with these strategies (comma-separated)")
+    p.add_argument("--float-bf16", action="store_true",
+                   help="also the int8 model with its float anchors in bf16 (precision=\"bf16\")")
     a = p.parse_args()
     for name in a.workloads:
         report(name, a)
