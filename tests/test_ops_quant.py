@@ -146,15 +146,33 @@ def test_depthwise_window_rows(width: str, c: int, kernel: tuple[int, int], stri
     x = rand(1, 8, 9, 30, lo=0, hi=255, dtype="uint8")  # rows of 30: interior tiles (plain loads) and edge ones
     m = depthwise_chain_model(x, c, kernel, stride, dilation)
     t = resolve(width)
-    rows = bool(vnni_widths(t)) and kernel[1] <= 4
+    vbmi = "+avx512vbmi," in t.features + ","
+    rows = bool(vnni_widths(t)) and kernel[1] <= 4 and (t.vector_bits < 512 or vbmi)
     low = lower(m, t, 2, check_options({}), stop_after="llvm")
     kernels = "\n".join(str(k) for k in low.program.kernels)
     assert ("lane_dot4" in kernels) == rows, kernels[:2000]
-    if rows and "avx512vbmi" in t.features and t.vector_bits >= 512:
+    if rows and vbmi and t.vector_bits >= 512:
         asm = emit_assembly(optimize(low.llvm_ir, t), t)
         assert "vpermt2b" in asm or "vpermb" in asm or "vpermi2b" in asm, "no byte permute: the window-row loads"
         assert "vpdpbusd" in asm
     compare(m, {"x": x}, target=width)
+
+
+def test_depthwise_window_rows_need_vbmi_at_512_bits() -> None:
+    """AVX-512 with VNNI but without VBMI (a Cascade Lake's set): the window-row groups would be built with word
+    permutes, slower than the taps one by one (graph/quant_pack.py depthwise_quads) — the per-tap form, still
+    matching onnxruntime where the host runs AVX-512."""
+    from dataclasses import replace
+
+    x = rand(1, 8, 9, 30, lo=0, hi=255, dtype="uint8")
+    m = depthwise_chain_model(x, 64, (3, 3), 1, 1)
+    t = resolve("avx512")
+    t = replace(t, name="avx512-novbmi", features=",".join(
+        "-" + f[1:] if f[1:] in ("avx512vbmi", "avx512vbmi2") else f for f in t.features.split(",")))
+    kernels = "\n".join(str(k) for k in lower(m, t, 2, check_options({}), stop_after="kernels").program.kernels)
+    assert "lane_dot4" not in kernels and "qpackedconv" in kernels
+    if width_runs("avx512"):
+        compare(m, {"x": x}, target=t)
 
 
 @pytest.mark.parametrize("adt", ["uint8", "int8"])

@@ -28,13 +28,14 @@ from kiln.graph.ops import OPS, infer
 from kiln.graph.passes.pack_weights import pack
 from kiln.graph.quant_pack import (
     INT8_K_GROUP,
+    depthwise_quads,
     int8_channel_block,
     pack_depthwise,
     pack_depthwise_quads,
     pack_qconv_blocked,
 )
 from kiln.strategy import strategy_of
-from kiln.target import Target, features_on, vnni_widths
+from kiln.target import Target, features_on
 
 SPATIAL_REDUCE_KINDS = ("mean", "sum", "max", "min")
 # the strategies whose schedules take blocked operands: direct emission and the microkernel nest (whose panel
@@ -128,8 +129,7 @@ def _qconv(g: Graph, n: Node, xb: Value | None, target: Target) -> tuple[Node, b
     out_block = in_block if depthwise else int8_channel_block(co, target)
     if not out_block or in_block % INT8_K_GROUP:
         return None
-    # a depthwise conv's window rows as 4-byte groups where one vpdpbusd sums them (kernel/dot.py LaneDot4)
-    quads = depthwise and w.shape[3] <= INT8_K_GROUP and x.dtype == "uint8" and bool(vnni_widths(target))
+    quads = depthwise and depthwise_quads(target, w.shape[3], x.dtype)
     wp = (pack_depthwise_quads if quads else pack_depthwise)(w.const, out_block) if depthwise else \
         pack_qconv_blocked(w.const, out_block, in_block)
     packed = Value(g.fresh(w.name + ".packed"), TensorType(wp.dtype.name, wp.shape), const=wp)
