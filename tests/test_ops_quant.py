@@ -550,6 +550,18 @@ def test_kiln_quantize_activation_written_out(width: str) -> None:
             assert snr_db(run_ort(m, f)[0], exe.run(f)[0]) >= 25.0
 
 
+def test_kiln_quantize_outputs_only_where_an_anchor_reads_them(width: str) -> None:
+    """kiln.quantize stores an anchor's output 8-bit only where an anchor reads it (through data movement) or a
+    later anchor's epilogue adds it (a residual operand): attention's q, k, v feed float products, o and f3 the
+    residual stream — quantizing them only added error. The QDQ model matches onnxruntime on each width."""
+    m = transformer_block()
+    q = kiln.quantize(m, samples(m, 8, 1))
+    quantized = {n.input[0] for n in q.graph.node if n.op_type == "QuantizeLinear"}
+    assert quantized == {"x", "att", "hn", "f2"}, quantized
+    for f in samples(m, 2, 2):
+        compare(q, f, step=1e-3, target=width)
+
+
 _QUANTIZED: dict[str, onnx.ModelProto] = {}
 
 
