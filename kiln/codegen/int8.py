@@ -134,11 +134,14 @@ def _window_row(em, e: LaneDot4, n: int) -> ir.Value | None:  # noqa: ANN001
     if e.stride <= 0 or em.vec.mask is not None or "avx512vbmi" not in features(target) or \
             target.vector_bits < 512 or len(taps) != sum(1 for x in e.taps if not isinstance(x, Const)):
         return None
-    fills = {x.b.value for x in taps if isinstance(x, Select)}
     index = [x.index if isinstance(x, Load) else unclamped_index(x) for x in taps]
-    first = taps[0] if isinstance(taps[0], Load) else taps[0].a
-    if any(i is None for i in index) or len(fills) > 1:
+    if any(i is None for i in index):  # (unclamped_index: a Select of a Load and a Const fill, else None)
         return None
+    reads = [x if isinstance(x, Load) else x.a for x in taps]
+    fills = {x.b.value for x in taps if isinstance(x, Select)}
+    if len(fills) > 1 or len({ld.buf for ld in reads}) != 1:
+        return None
+    first = reads[0]
     ptr, dtype, flat = em.address(first.buf, index[0])
     if dtype != "uint8" or coef(flat, em.vec.var) != 1:
         return None

@@ -6,7 +6,7 @@ reduction per 32-bit lane, so the weights are grouped in fours along K and the o
     MatMul   B[K, N] int8              →  Bp[⌈N/NR⌉, ⌈K/4⌉, NR, 4]          (zero-padded in N and K)
     Conv     W[Co, Ci, kh, kw] int8    →  Wp[Co/NR, Ci/cb, kh, kw, cb/4, NR, 4]  (blocked input, cb | Ci, 4 | cb)
     depthwise W[C, 1, kh, kw] int8     →  Wd[C/NR, kh, kw, NR]              (int8 taps, one vector per tap)
-      or, kw ≤ 4 on x86 with VNNI      →  Wq[C/NR, kh, NR, 4]               (a window row's taps per lane, zero-padded)
+      or where `depthwise_quads` says →  Wq[C/NR, kh, NR, 4]               (a window row's taps per lane, zero-padded)
 
 One k-step of a register tile reads one 32-bit group of A (4 activations, broadcast) and NR·4 contiguous weight
 bytes: NR/16 zmm registers on AVX-512. An AMX int8 tile kernel reads B in the same [K/4][N][4] order (16 rows of
