@@ -143,6 +143,10 @@ def test_depthwise_window_rows(width: str, c: int, kernel: tuple[int, int], stri
     and a byte permute, guarded by per-tap masks on edge tiles (codegen/int8.py). Channel blocks of 32, 16 and 8,
     strides, dilation, a 3×2 window, and a 5×5 one (wider than a group: the per-tap form) against onnxruntime,
     within 1 step; the form is checked in the kernels and, with VBMI, in the assembly."""
+    if os.environ.get("KILN_BOUNDS_CHECK", "0") not in ("", "0") and (width != "avx512" or c not in (48, 40)):
+        # the bounds-checked build emits LaneDot4.expand(), the same loads at every width: two shapes at one width
+        # check the window-row indices (all 15 cases took 228 s of LLVM there, a tenth of CI's budget)
+        pytest.skip("bounds-checked run: the window-row indices are checked on avx512 at 48 and 40 channels")
     x = rand(1, 8, 9, 30, lo=0, hi=255, dtype="uint8")  # rows of 30: interior tiles (plain loads) and edge ones
     m = depthwise_chain_model(x, c, kernel, stride, dilation)
     t = resolve(width)
