@@ -33,7 +33,8 @@ PASS_OPTIONS: tuple[str, ...] = ("quantize_qdq", "fold_constants", "recognize_ge
                                  "block_layout", "winograd", "pack_weights", "lower_precision", "fusion",
                                  "fuse_elementwise", "fuse_epilogue", "fuse_axes", "vectorize", "register_tile",
                                  "prefetch", "pack_operands", "parallel", "memory_reuse", "amx", "dpbf16",
-                                 "mmla", "compact_rows", "fuse_winograd", "thread_parts")
+                                 "mmla", "compact_rows", "fuse_winograd", "thread_parts",
+                                 "fuse_rows")
 # switches that only matter for a bf16 or int8 build (`kiln bench --ablate` skips them for an fp32 build)
 PRECISION_OPTIONS: tuple[str, ...] = ("lower_precision", "amx", "dpbf16", "mmla")
 

@@ -49,6 +49,7 @@ CHUNKS_PER_THREAD = 4
 # locality (resnet18 18.2 → 18.6 ms, mobilenetv2 4.43 → 4.56 at 16 per thread).
 CHUNK_FLOPS = 25e6
 MAX_CHUNKS_PER_THREAD = 32
+REDUCE_PARTIALS = 4  # partials of a vector reduction with one update (vector_reduce)
 PARALLEL_FN = ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, I32])
 
 
@@ -339,21 +340,28 @@ class KernelEmitter:
         """A reduction loop `$acc = op($acc, x(r))` run `lanes` at a time into a vector partial, the tail
         masked with op's identity, then one horizontal reduction into $acc. Several such updates in one loop (a
         row tile of dot products, schedule/tile.py's dot edge) each keep their own partial — independent chains
-        that share the loads they have in common — and each ends in its own horizontal reduction."""
-        ups: list[tuple[Assign, str, Expr, ir.Value]] = []
+        that share the loads they have in common — and each ends in its own horizontal reduction. One update alone
+        (a row's max or sum: softmax, a norm's statistics) keeps REDUCE_PARTIALS partials, taken in turn over the
+        loop unrolled that many vectors, so consecutive steps do not wait on each other's add or compare (a chain
+        of one partial ran at its latency, 4 cycles a vector); they combine pairwise before the horizontal step."""
+        ups: list[tuple[Assign, str, Expr, list[ir.Value]]] = []
         n = s.lanes
+        span = _int_span(lo, hi)
+        parts = REDUCE_PARTIALS if len(s.body) == 1 and (span is None or span >= 2 * n * REDUCE_PARTIALS) else 1
         for upd in s.body:
             assert isinstance(upd, Assign) and isinstance(upd.value, Bin)
             assert upd.value.a == LocalRef(upd.name, upd.value.dtype, upd.slot), "vector_reduce: $acc = op($acc, x)"
             op = {"+": "sum", "*": "prod", "max": "max", "min": "min"}[upd.value.op]
-            part = self.entry_alloca(b, ir.VectorType(SCALAR[upd.value.dtype], n))
-            b.store(em.splat(em.const(init_value(op, upd.value.dtype)), n), part)
-            ups.append((upd, op, upd.value.b, part))
+            ptrs = [self.entry_alloca(b, ir.VectorType(SCALAR[upd.value.dtype], n)) for _ in range(parts)]
+            for part in ptrs:
+                b.store(em.splat(em.const(init_value(op, upd.value.dtype)), n), part)
+            ups.append((upd, op, upd.value.b, ptrs))
         main_end = b.sub(hi, b.srem(b.sub(hi, lo), ir.Constant(I64, n)))
 
-        def step(i: ir.Value, mask: ir.Value | None) -> None:
+        def step(i: ir.Value, mask: ir.Value | None, j: int = 0) -> None:
             em.vec = VectorCtx(s.var, n, i, mask)
-            for upd, op, x, part in ups:
+            for upd, op, x, ptrs in ups:
+                part = ptrs[j]
                 acc = b.load(part, typ=part.allocated_type)
                 if op == "sum" and is_float(upd.value.dtype) and isinstance(x, Bin) and x.op == "*":
                     # acc + a·b as one fused multiply-add, as in a tile's update; the tail keeps acc in its
@@ -367,13 +375,24 @@ class KernelEmitter:
                     xv = b.select(mask, xv, em.splat(em.const(init_value(op, upd.value.dtype))))
                 b.store(em.combine(op, acc, xv, upd.value.dtype), part)
             em.vec = None
+        if parts > 1:
+            unrolled_end = b.sub(hi, b.srem(b.sub(hi, lo), ir.Constant(I64, n * parts)))
+
+            def steps(i: ir.Value) -> None:
+                for j in range(parts):
+                    step(b.add(i, ir.Constant(I64, j * n)), None, j)
+            self.counted(b, lo, unrolled_end, n * parts, steps)
+            lo = unrolled_end
         self.counted(b, lo, main_end, n, lambda i: step(i, None))
         rem = b.sub(hi, main_end)
         with b.if_then(b.icmp_signed(">", rem, ir.Constant(I64, 0))):
             lanes = vector_constant(I64, tuple(range(n)))
             step(main_end, b.icmp_signed("<", lanes, em.splat(rem, n)))
-        for upd, op, _, part in ups:
-            total = em.horizontal(op, b.load(part, typ=part.allocated_type), upd.value.dtype)
+        for upd, op, _, ptrs in ups:
+            vals = [b.load(p, typ=p.allocated_type) for p in ptrs]
+            while len(vals) > 1:  # pairwise: (p0 ∘ p1) ∘ (p2 ∘ p3)
+                vals = [em.combine(op, vals[i], vals[i + 1], upd.value.dtype) for i in range(0, len(vals), 2)]
+            total = em.horizontal(op, vals[0], upd.value.dtype)
             ptr, _ = em.local_slot(upd.name, upd.slot)
             b.store(em.combine(op, b.load(ptr, typ=ptr.allocated_type), total, upd.value.dtype), ptr)
 

@@ -398,13 +398,28 @@ def runtime_extents(n: Node, low: Lowered, dims: DynamicDims) -> Lowered:
         if shape is not None and any(not is_static(shape[a]) for a in n.attrs["axes"]):
             a = next(a for a in n.attrs["axes"] if not is_static(shape[a]))
             raise _refuse(n, n.inputs[0].name, a, shape[a], "the count of a mean")
-    return Lowered([_compute_extents(n, c, dims) for c in low.computes], low.temps)
+    # a temporary's dims (softmax's exp(x − max), a norm's statistics) are its writer's extents: a later compute that
+    # reads only temporaries (softmax's Σ) learns its run-time extents from them
+    temps: dict[str, tuple[Expr | None, ...]] = {}
+    out = []
+    for c in low.computes:
+        c = _compute_extents(n, c, dims, temps)
+        if c.out not in dims.shapes and c.store is None:
+            temps[c.out] = tuple(None if isinstance(e, int) else e for e in c.extents)
+        out.append(c)
+    return Lowered(out, low.temps)
 
 
-def _compute_extents(n: Node, c: Compute, dims: DynamicDims) -> Compute:
+def _compute_extents(n: Node, c: Compute, dims: DynamicDims,
+                     temps: dict[str, tuple[Expr | None, ...]] | None = None) -> Compute:
     found: dict[Var, set[Expr]] = {}
 
     def visit(buf: str, index: tuple[Expr, ...]) -> None:
+        if buf in (temps or {}):
+            for i, e in zip(index, temps[buf]):
+                if e is not None and isinstance(i, Var):
+                    found.setdefault(i, set()).add(e)
+            return
         shape = dims.shapes.get(buf)
         if shape is None:
             return

@@ -434,19 +434,27 @@ def lower_batchnorm(n: Node) -> Lowered:
 
 @lowering("Softmax", "LogSoftmax")
 def lower_softmax(n: Node) -> Lowered:
+    """Softmax: max, e = exp(x − max) once (a scratch the size of x — schedule/fuse_rows.py shrinks it to one row
+    per thread), 1 / Σ e (one division a row), e · (1 / Σ e). LogSoftmax: x − max − log Σ exp(x − max)."""
     (x,), (y, ax) = n.inputs, _out(n)
     axis = n.attrs["axis"]
     shape = tuple(1 if d == axis else s for d, s in enumerate(x.shape))
     mx, sm = Buffer(f"{y.name}.max", x.dtype, shape), Buffer(f"{y.name}.sum", x.dtype, shape)
     sax = axes_for(shape, "s")
     c1 = Compute(mx.name, sax, shape, reduction(x, sax, (axis,), True, "max"))
-    m_s = Load(mx.name, sax, x.dtype)
-    c2 = Compute(sm.name, sax, shape, reduction(x, sax, (axis,), True, "sum", lambda e: Un("exp", e - m_s)))
     at = bcast_index(shape, ax)
     m, s = Load(mx.name, at, x.dtype), Load(sm.name, at, x.dtype)
-    xv = ld(x, ax)
-    body = Un("exp", xv - m) / s if n.op == "Softmax" else xv - m - Un("log", s)
-    return Lowered([c1, c2, Compute(y.name, ax, y.shape, body)], [mx, sm])
+    if n.op == "LogSoftmax":
+        m_s = Load(mx.name, sax, x.dtype)
+        c2 = Compute(sm.name, sax, shape, reduction(x, sax, (axis,), True, "sum", lambda e: Un("exp", e - m_s)))
+        return Lowered([c1, c2, Compute(y.name, ax, y.shape, ld(x, ax) - m - Un("log", s))], [mx, sm])
+    ex = Buffer(f"{y.name}.exp", x.dtype, x.shape)
+    ce = Compute(ex.name, ax, x.shape, Un("exp", ld(x, ax) - m))
+    r = Var(f"r{axis}")
+    total = Reduce("sum", ((r, x.shape[axis]),), Load(ex.name, _reduce_index(x, sax, (axis,), True, {axis: r}),
+                                                      x.dtype))
+    c2 = Compute(sm.name, sax, shape, f(1.0, total) / total)
+    return Lowered([c1, ce, c2, Compute(y.name, ax, y.shape, Load(ex.name, ax, x.dtype) * s)], [mx, ex, sm])
 
 
 @lowering("LRN")

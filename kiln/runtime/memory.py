@@ -121,7 +121,8 @@ def in_place(prog: Program, lifetimes: dict[str, list[int]]) -> dict[str, str]:
             if o not in lifetimes or lifetimes[o][0] != k or sum(w.out == c.out for w in writers) != 1:
                 continue
             where = flat_index(c.store_index, shape[c.out])
-            for r_canon in sorted({x.buf for x in walk(c.body) if isinstance(x, Load)} - out_of):
+            # (a scratch contracted to one row per thread, schedule/fuse_rows.py, has no arena storage: not in canon)
+            for r_canon in sorted({x.buf for x in walk(c.body) if isinstance(x, Load)} - out_of & canon.keys()):
                 r = root(prog.view_of, canon[r_canon])
                 if r not in lifetimes or r == o:  # inputs, outputs and weights have their own storage
                     continue

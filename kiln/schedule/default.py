@@ -33,6 +33,7 @@ from kiln.schedule.amx import schedule_amx
 from kiln.schedule.bf16 import bf16_form, schedule_dpbf16
 from kiln.schedule.config import Config, Decisions, powers_of_two
 from kiln.schedule.dot_ukernel import chosen_dot_ukernel
+from kiln.schedule.fuse_rows import fuse_rows
 from kiln.schedule.guards import interior_swap
 from kiln.schedule.primitives import compute_to_loops, fuse, parallel, rename, split, vectorize
 from kiln.schedule.reorder import schedule_reorder
@@ -422,6 +423,8 @@ def schedule_kernel(k: Kernel, target: Target, threads: int, options: dict[str, 
     for i, c in enumerate(k.computes):
         nest = schedule_compute(k, c, str(i), target, threads, options, dec.at(i))
         k.body += split_parallel(nest, dec, threads)
+    if options.get("fuse_rows", True):  # per-row statistics and their consumer in one parallel loop (fuse_rows.py)
+        k.body = fuse_rows(k, k.body)
     k.decisions = dec
     return k
 
