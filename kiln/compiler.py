@@ -157,11 +157,11 @@ def lower_graph(graph: Graph, target: Target, num_threads: int, options: dict[st
         compact_trailing(prog)                                               #    seq apart, not the bound's
     applied = apply_tuning(prog, tuning, target, num_threads, options)       # 3b. tuned schedules (database)
     out.tuned = applied.tuned
+    bound = [dict(zip((b.name for b in [*k.args, *k.scratch]), names)) for k, names in zip(prog.kernels, prog.bindings)]
     schedule_program(prog.kernels, target, num_threads, options, applied.configs)  # 4. each distinct kernel once
-    for k, names in zip(prog.kernels, prog.bindings):
-        for b in k.scratch[len(names) - len(k.args):]:                       #    scratch the schedule added
-            names.append(f"{k.name}.{b.name}")
-            prog.buffers[names[-1]] = b
+    for k, names, was in zip(prog.kernels, prog.bindings, bound):           #    bindings again, by name: scratch
+        names[:] = [was.get(b.name) or f"{k.name}.{b.name}" for b in [*k.args, *k.scratch]]  # added (packs) or
+        prog.buffers.update({n: b for n, b in zip(names, [*k.args, *k.scratch]) if n not in prog.buffers})  # gone
     if options.get("fuse_winograd", True) and dims is None:                 # 4b. Winograd input transforms into
         fuse_winograd(prog)                                                  #     their products, block by block
     tr("kernels", prog)
