@@ -23,8 +23,9 @@ from kiln.codegen.int8 import vnni_widths
 from kiln.codegen.jit import emit_assembly, optimize
 from kiln.compiler import check_options, executable_of, lower
 from kiln.errors import KilnError
+from kiln.graph.quant_pack import int8_channel_block
 from kiln.quantization import snr_db
-from kiln.target import resolve
+from kiln.target import features_on, resolve
 
 T = onnx.TensorProto
 
@@ -150,8 +151,8 @@ def test_depthwise_window_rows(width: str, c: int, kernel: tuple[int, int], stri
     x = rand(1, 8, 9, 30, lo=0, hi=255, dtype="uint8")  # rows of 30: interior tiles (plain loads) and edge ones
     m = depthwise_chain_model(x, c, kernel, stride, dilation)
     t = resolve(width)
-    vbmi = "+avx512vbmi," in t.features + ","
-    cb = next(b for b in (2 * t.lanes(32), t.lanes(32), t.lanes(32) // 2, t.lanes(32) // 4) if c % b == 0)
+    vbmi = "avx512vbmi" in features_on(t.features)
+    cb = int8_channel_block(c, t)
     row_bytes = (kernel[1] - 1) * dilation * cb + cb  # the two 64-byte loads hold the window row's blocks
     rows = bool(vnni_widths(t)) and kernel[1] <= 4 and (t.vector_bits < 512 or (vbmi and row_bytes <= 128))
     low = lower(m, t, 2, check_options({}), stop_after="llvm")

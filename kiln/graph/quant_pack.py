@@ -47,16 +47,17 @@ def pack_depthwise(w: np.ndarray, nr: int) -> np.ndarray:
     return np.ascontiguousarray(w.reshape(c // nr, nr, kh, kw).transpose(0, 2, 3, 1).astype(np.int8))
 
 
-def depthwise_quads(target: Target, kw: int, x_dtype: str, row_bytes: int) -> bool:
-    """Whether an int8 depthwise conv takes its window rows as 4-byte groups, one vpdpbusd each (kernel/dot.py
-    LaneDot4): x86 with VNNI, uint8 activations, kw ≤ 4 — and at 512 bits only with AVX512_VBMI, whose byte permute
-    builds the groups from the row's bytes (codegen/int8.py), and where those bytes (`row_bytes`: from the first
-    tap's channel block to the last's, (kw − 1)·dilation·cb + cb) fit the two 64-byte loads it permutes. Measured
+def depthwise_quads(target: Target, kw: int, dilation: int, cb: int, x_dtype: str) -> bool:
+    """Whether an int8 depthwise conv (window width kw, channel block cb) takes its window rows as 4-byte groups,
+    one vpdpbusd each (kernel/dot.py LaneDot4): x86 with VNNI, uint8 activations, kw ≤ 4 — and at 512 bits only with
+    AVX512_VBMI, whose byte permute builds the groups from the row's bytes (codegen/int8.py), and where those bytes
+    (from the first tap's channel block to the last's) fit the two 64-byte loads it permutes. Measured
     on mobilenetv2 int8 (Emerald Rapids, one interleaved run; depthwise kernels, ms): AVX-512 with VBMI
     0.74 → 0.61, AVX-VNNI at 256 bits 0.97 → 0.87, but AVX-512 without VBMI (a Cascade Lake's set) 0.61 → 0.80 —
     its word permutes cost more than the taps' widenings."""
     if kw > INT8_K_GROUP or x_dtype != "uint8" or not vnni_widths(target):
         return False
+    row_bytes = (kw - 1) * dilation * cb + cb
     return target.vector_bits < 512 or ("avx512vbmi" in features_on(target.features) and row_bytes <= 128)
 
 

@@ -113,14 +113,12 @@ def plan(model: onnx.ModelProto, exclude_nodes: tuple[str, ...], exclude_ops: tu
     inits = {t.name: t for t in g.initializer}
     users, outputs = _consumers(g), {o.name for o in g.output}
     position = {o: i for i, node in enumerate(g.node) for o in node.output}
-    anchors, acts, weights = [], [], {}
+    acts, weights = [], {}
     produced: list[str] = []   # each anchor's output, after what its kernel computes in its epilogue
     skips: set[str] = set()    # residual operands those epilogues read
-    anchor_inputs = {n.input[0] for n in g.node if _is_anchor(n, inits, exclude_nodes, exclude_ops)}
-    for n in g.node:
-        if not _is_anchor(n, inits, exclude_nodes, exclude_ops):
-            continue
-        anchors.append(n)
+    anchors = [n for n in g.node if _is_anchor(n, inits, exclude_nodes, exclude_ops)]
+    anchor_inputs = {n.input[0] for n in anchors}
+    for n in anchors:
         weights[n.input[1]] = _weight_axis(n)
         acts.append(n.input[0])
         y, skip = n.output[0], None

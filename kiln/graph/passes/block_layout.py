@@ -129,8 +129,7 @@ def _qconv(g: Graph, n: Node, xb: Value | None, target: Target) -> tuple[Node, b
     out_block = in_block if depthwise else int8_channel_block(co, target)
     if not out_block or in_block % INT8_K_GROUP:
         return None
-    quads = depthwise and depthwise_quads(target, w.shape[3], x.dtype,
-                                          (w.shape[3] - 1) * a["dilations"][1] * in_block + in_block)
+    quads = depthwise and depthwise_quads(target, w.shape[3], a["dilations"][1], in_block, x.dtype)
     wp = (pack_depthwise_quads if quads else pack_depthwise)(w.const, out_block) if depthwise else \
         pack_qconv_blocked(w.const, out_block, in_block)
     packed = Value(g.fresh(w.name + ".packed"), TensorType(wp.dtype.name, wp.shape), const=wp)
