@@ -34,7 +34,7 @@ PASS_OPTIONS: tuple[str, ...] = ("quantize_qdq", "fold_constants", "recognize_ge
                                  "fuse_elementwise", "fuse_epilogue", "fuse_axes", "vectorize", "register_tile",
                                  "prefetch", "pack_operands", "parallel", "memory_reuse", "amx", "dpbf16",
                                  "mmla", "compact_rows", "fuse_winograd", "thread_parts",
-                                 "fuse_rows")
+                                 "fuse_rows", "transpose_blocks")
 # switches that only matter for a bf16 or int8 build (`kiln bench --ablate` skips them for an fp32 build)
 PRECISION_OPTIONS: tuple[str, ...] = ("lower_precision", "amx", "dpbf16", "mmla")
 

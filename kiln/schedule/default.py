@@ -40,6 +40,7 @@ from kiln.schedule.reorder import schedule_reorder
 from kiln.schedule.tail_calls import tail_calls
 from kiln.schedule.tile import tile_compute
 from kiln.schedule.tile_shape import TileShape, choose_tile
+from kiln.schedule.transpose import schedule_transpose
 from kiln.schedule.winograd import schedule_winograd
 from kiln.target import Target
 
@@ -64,6 +65,11 @@ def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: i
             return nest
     if "winograd" in c.hints and options.get("vectorize", True):  # Winograd's transforms (winograd.py)
         nest = schedule_winograd(c, target, threads if options.get("parallel", True) else 1)
+        if nest is not None:
+            return nest
+    if options.get("vectorize", True) and options.get("transpose_blocks", True):  # a transposing copy (transpose.py)
+        nest = schedule_transpose(c, lambda name: k.buffer(name).shape, target,
+                                  threads if options.get("parallel", True) else 1)
         if nest is not None:
             return nest
     if "int8" in c.hints:  # an integer anchor: the 8-bit dot-product tile (int8.py)
