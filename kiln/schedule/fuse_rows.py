@@ -55,6 +55,7 @@ from kiln.kernel.ir import (
     Var,
     uses_var,
     walk,
+    walk_stmts,
 )
 from kiln.schedule.primitives import rename
 
@@ -152,8 +153,8 @@ def _fusable(k: Kernel, a: Loop, b: Loop) -> bool:
     if not (a.kind == b.kind == "parallel" and isinstance(a.extent, Const) and a.extent == b.extent
             and a.chunks == b.chunks and a.work is None and b.work is None):
         return False
-    names = [{s.name for s in _stmts(x.body) if isinstance(s, (Local, Alloc))} for x in (a, b)]
-    if any(isinstance(s, Call) for s in _stmts(a.body + b.body)) or names[0] & names[1]:
+    names = [{s.name for s in walk_stmts(x.body) if isinstance(s, (Local, Alloc))} for x in (a, b)]
+    if any(isinstance(s, Call) for s in walk_stmts(a.body + b.body)) or names[0] & names[1]:
         return False
     later = Loop(a.var, a.extent, rename(b.body, {b.var: a.var}), "parallel")
     first: list[tuple[Access, tuple[Loop, ...], bool]] = []
@@ -208,17 +209,6 @@ def _same_row(k: Kernel, row: Loop, buf: str, found: list[tuple[Access, tuple[Lo
             if at is None or np.any(owner[at] != np.arange(rows).reshape([-1] + [1] * (at.ndim - 1))):
                 return False
     return True
-
-
-def _stmts(stmts: list[Stmt]) -> list[Stmt]:
-    out: list[Stmt] = []
-    for s in stmts:
-        out.append(s)
-        if isinstance(s, Loop):
-            out += _stmts(s.body)
-        elif isinstance(s, If):
-            out += _stmts(s.body + s.orelse)
-    return out
 
 
 # -- storage contraction ---------------------------------------------------------------------------------------
