@@ -122,7 +122,7 @@ def in_place(prog: Program, lifetimes: dict[str, list[int]]) -> dict[str, str]:
                 continue
             where = flat_index(c.store_index, shape[c.out])
             # (a scratch contracted to one row per thread, schedule/fuse_rows.py, has no arena storage: not in canon)
-            for r_canon in sorted({x.buf for x in walk(c.body) if isinstance(x, Load)} - out_of & canon.keys()):
+            for r_canon in sorted(({x.buf for x in walk(c.body) if isinstance(x, Load)} - out_of) & canon.keys()):
                 r = root(prog.view_of, canon[r_canon])
                 if r not in lifetimes or r == o:  # inputs, outputs and weights have their own storage
                     continue
