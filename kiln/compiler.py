@@ -159,9 +159,10 @@ def lower_graph(graph: Graph, target: Target, num_threads: int, options: dict[st
     out.tuned = applied.tuned
     bound = [dict(zip((b.name for b in [*k.args, *k.scratch]), names)) for k, names in zip(prog.kernels, prog.bindings)]
     schedule_program(prog.kernels, target, num_threads, options, applied.configs)  # 4. each distinct kernel once
-    for k, names, was in zip(prog.kernels, prog.bindings, bound):           #    bindings again, by name: scratch
-        names[:] = [was.get(b.name) or f"{k.name}.{b.name}" for b in [*k.args, *k.scratch]]  # added (packs) or
-        prog.buffers.update({n: b for n, b in zip(names, [*k.args, *k.scratch]) if n not in prog.buffers})  # gone
+    # the bindings again, by buffer name: a schedule adds scratch (packs) and takes it away (fuse_rows: one row each)
+    for k, names, was in zip(prog.kernels, prog.bindings, bound):
+        names[:] = [was.get(b.name) or f"{k.name}.{b.name}" for b in [*k.args, *k.scratch]]
+        prog.buffers.update({n: b for n, b in zip(names, [*k.args, *k.scratch]) if n not in prog.buffers})
     if options.get("fuse_winograd", True) and dims is None:                 # 4b. Winograd input transforms into
         fuse_winograd(prog)                                                  #     their products, block by block
     tr("kernels", prog)

@@ -175,6 +175,20 @@ def parallel(loop: Loop) -> Loop:
     return Loop(loop.var, loop.extent, loop.body, "parallel", loop.lanes, loop.masked)
 
 
+def parallel_outer(nest: Loop, depth: int, threads: int) -> Loop:
+    """Fuse the outermost loops of a perfect nest of `depth` constant-extent loops (at most depth − 1 times) while the
+    outermost has fewer than 8 iterations per thread, then run it on the pool (with more than one thread).
+
+        for i in 0..2: for j in 0..12: for k …: S(i, j, k)        (depth 2, 2 threads)
+    becomes
+        parallel for ij in 0..24: for k …: S(ij // 12, ij % 12, k)"""
+    fused = 1
+    while fused < depth and isinstance(nest.extent, Const) and nest.extent.value < threads * 8:
+        nest = fuse(nest)
+        fused += 1
+    return parallel(nest) if threads > 1 else nest
+
+
 def unroll(loop: Loop) -> Loop:
     """Emit every iteration of a constant-extent loop (codegen repeats the body).
 

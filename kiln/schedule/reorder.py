@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from kiln.kernel.analysis import simplify_panels
 from kiln.kernel.ir import Compute, Const, Expr, Loop, Stmt, Store, Var, substitute
-from kiln.schedule.primitives import fuse
+from kiln.schedule.primitives import parallel_outer
 from kiln.schedule.ranges import drop_decided
 from kiln.target import Target
 
@@ -52,11 +52,4 @@ def schedule_reorder(c: Compute, target: Target, threads: int) -> list[Stmt] | N
         Loop(cl, Const(lanes, "int64"), [st], "unroll")])], "vector", width, masked=True)
     for v, e in reversed(list(zip(outer, extents))):
         body = Loop(v, Const(e, "int64"), [body])
-    nest = body
-    fused = 1
-    while fused < len(outer) and isinstance(nest.extent, Const) and nest.extent.value < threads * 8:
-        nest = fuse(nest)
-        fused += 1
-    if threads > 1:
-        nest.kind = "parallel"
-    return [nest]
+    return [parallel_outer(body, len(outer), threads)]

@@ -17,12 +17,11 @@ at its own axes with one load of that form, A a multiple of R and J at least hal
 default schedule."""
 from __future__ import annotations
 
+from kiln.codegen.transpose import BLOCK
 from kiln.kernel.analysis import coef, flat_index
 from kiln.kernel.ir import Compute, Const, Load, Loop, Reduce, Stmt, Store, Var, substitute, walk
-from kiln.schedule.primitives import fuse
+from kiln.schedule.primitives import parallel_outer
 from kiln.target import Target
-
-MAX_RUN = 16  # the transposed block's lanes (codegen/transpose.py: BLOCK)
 
 
 def schedule_transpose(c: Compute, shape_of, target: Target, threads: int) -> list[Stmt] | None:  # noqa: ANN001
@@ -30,7 +29,7 @@ def schedule_transpose(c: Compute, shape_of, target: Target, threads: int) -> li
             not all(isinstance(e, int) for e in c.extents) or any(isinstance(e, Reduce) for e in walk(c.body)):
         return None
     lanes = target.lanes(32)
-    R = min(lanes, MAX_RUN)
+    R = min(lanes, BLOCK)  # the lanes one transposed block holds
     j, J = c.axes[-1], int(c.extents[-1])
     if J < lanes // 2:
         return None
@@ -50,11 +49,5 @@ def schedule_transpose(c: Compute, shape_of, target: Target, threads: int) -> li
     outer = [(v, int(e)) for i, (v, e) in enumerate(zip(c.axes[:-1], c.extents[:-1])) if i != a]
     for v, e in reversed(outer):
         nest = Loop(v, Const(e, "int64"), [nest])
-    fused = 0
-    while fused < len(outer) - 1 and isinstance(nest.extent, Const) and nest.extent.value < threads * 8:
-        nest = fuse(nest)
-        fused += 1
-    if threads > 1:
-        nest.kind = "parallel"
-    return [nest]
+    return [parallel_outer(nest, len(outer), threads)]
 
