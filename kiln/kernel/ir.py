@@ -239,7 +239,7 @@ def cache_hash(cls: type) -> None:
         return memoized
     cls.__hash__, cls.__repr__ = memo("_hash", cls.__hash__), memo("_repr", cls.__repr__)
     # the hash memo is a str hash, salted per process: a pickled expression (sent to a tuning worker) drops it
-    cls.__getstate__ = lambda self: {k: v for k, v in self.__dict__.items() if k not in ("_hash", "_repr")}
+    cls.__getstate__ = lambda self: {k: v for k, v in self.__dict__.items() if k not in ("_hash", "_repr", "_atoms")}
 
 
 for _cls in (Const, Var, Sym, Load, Bin, Un, Select, Cast, LocalRef, Reduce, Addr):
@@ -320,13 +320,37 @@ def rebuild(e: Expr, kids: list[Expr]) -> Expr:
     return replace(e, **dict(zip(names, kids)))
 
 
+_ATOMS = (Var, Sym, LocalRef)
+_NO_ATOMS: frozenset[Expr] = frozenset()
+
+
+def atoms(e: Expr) -> frozenset[Expr]:
+    """The Vars, Syms and LocalRefs under `e` (itself included), memoized on the node: a subtree without any of a
+    substitution's variables is returned as it is instead of being rebuilt (schedules substitute whole bodies per
+    unrolled point: Winograd's 16 input-transform stores)."""
+    got = e.__dict__.get("_atoms")
+    if got is None:
+        kids = children(e)
+        got = _NO_ATOMS if not kids else atoms(kids[0]) if len(kids) == 1 else frozenset().union(*map(atoms, kids))
+        if isinstance(e, _ATOMS):
+            got = got | {e}
+        object.__setattr__(e, "_atoms", got)
+    return got
+
+
 def substitute(e: Expr, mapping: dict[Expr, Expr]) -> Expr:
-    """Replace sub-expressions (typically Vars) structurally, bottom-up, memoized."""
+    """Replace sub-expressions (typically Vars) structurally, bottom-up, memoized. A key occurs only in subtrees
+    holding all its atoms, so subtrees sharing none with the keys are skipped (unless a key has none: a constant)."""
     memo: dict[Expr, Expr] = {}
+    key_atoms: frozenset[Expr] | None = frozenset().union(*map(atoms, mapping)) if mapping else _NO_ATOMS
+    if any(not atoms(k) for k in mapping):
+        key_atoms = None
 
     def go(x: Expr) -> Expr:
         if x in mapping:
             return mapping[x]
+        if key_atoms is not None and key_atoms.isdisjoint(atoms(x)):
+            return x
         if x in memo:
             return memo[x]
         kids = children(x)
@@ -361,7 +385,7 @@ def walk_stmts(stmts: list[Stmt]) -> list[Stmt]:
 
 
 def uses_var(e: Expr, v: Var) -> bool:
-    return any(x == v for x in walk(e))
+    return v in atoms(e) if isinstance(v, _ATOMS) else any(x == v for x in walk(e))
 
 
 _INT_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "//": lambda a, b: a // b,
