@@ -11,7 +11,7 @@ from kiln.graph.ir import Graph, Node, TensorType, Value
 
 
 def _const(g: Graph, arr: np.ndarray, hint: str) -> Value:
-    arr = np.asarray(arr.astype(np.float32), order="C")
+    arr = np.ascontiguousarray(arr, np.float32)
     return Value(g.fresh(hint), TensorType("float32", tuple(arr.shape)), const=arr)
 
 
@@ -41,10 +41,18 @@ def fold_batchnorm(g: Graph) -> Graph:
     return g
 
 
+def _scaled(w: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """float32(w · s), the product in float64 and rounded once — in one pass: numpy widens w chunk by chunk inside
+    the ufunc (a float64 copy of the weights and a rounding pass over it cost resnet50's compile 0.1 s)."""
+    out = np.empty(np.broadcast_shapes(w.shape, s.shape), np.float32)
+    np.multiply(w, s, out=out, dtype=np.float64, casting="unsafe")
+    return out
+
+
 def _fold_into_conv(g: Graph, conv: Node, s: np.ndarray, shift: np.ndarray) -> None:
-    w = conv.inputs[1].const.astype(np.float64)
+    w = conv.inputs[1].const
     bias = conv.inputs[2].const.astype(np.float64) if len(conv.inputs) > 2 else np.zeros(w.shape[0])
-    conv.inputs = [conv.inputs[0], _const(g, w * s.reshape((-1,) + (1,) * (w.ndim - 1)), "w_bn"),
+    conv.inputs = [conv.inputs[0], _const(g, _scaled(w, s.reshape((-1,) + (1,) * (w.ndim - 1))), "w_bn"),
                    _const(g, bias * s + shift, "b_bn")]
 
 
@@ -54,8 +62,7 @@ def _fold_into_linear(g: Graph, add: Node, s: np.ndarray, shift: np.ndarray, use
     c = next((v for v in add.inputs if v.const is not None), None)
     if mm is None or c is None or mm.inputs[1].const is None or len(users.get(id(mm.outputs[0]), [])) != 1:
         return False
-    w = mm.inputs[1].const.astype(np.float64)
-    mm.inputs = [mm.inputs[0], _const(g, w * s, "w_bn")]
+    mm.inputs = [mm.inputs[0], _const(g, _scaled(mm.inputs[1].const, s), "w_bn")]
     i = add.inputs.index(c)
     add.inputs[i] = _const(g, c.const.astype(np.float64) * s + shift, "b_bn")  # keeps c's (broadcast) shape
     return True
