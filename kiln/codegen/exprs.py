@@ -47,6 +47,7 @@ from kiln.kernel.ir import (
     is_float,
     substitute,
 )
+from kiln.target import features_on
 
 # the integer types a rounding convert (ExprEmitter.cast) produces through 32 bits (a clamp before it makes them fit)
 _LRINT_TO = ("int32", "int8", "uint8")
@@ -376,7 +377,8 @@ class ExprEmitter(MemoryAccess):
         if op == "neg":
             return B.fneg(x), vec
         if vec and x.type.element == F32 and op in ("exp", "log", "erf", "tanh", "sigmoid"):
-            return getattr(VectorMath(B, self.intrinsic), op)(x), vec
+            scalef = self.target is not None and "avx512f" in features_on(self.target.features)
+            return getattr(VectorMath(B, self.intrinsic, scalef), op)(x), vec
         if op == "sigmoid":
             one = self._fconst(x.type, 1.0)
             return B.fdiv(one, B.fadd(one, self.intrinsic("llvm.exp", x.type, [B.fneg(x)]))), vec
