@@ -1,8 +1,9 @@
 """Vector float32 exp / log / erf / tanh as straight-line polynomial code (no libm call per lane).
 
 LLVM scalarizes `llvm.exp.v16f32` into 16 calls of `expf`; these keep every lane in one register.
-Accuracy (float32, measured against NumPy in tests/test_mathfn.py): exp ≤ 2 ulp on [-87, 88], log ≤ 2 ulp, erf ≤ 3e-7
-absolute (≈ 2 ulp near ±1; a rational fit on [-4, 4]), tanh ≤ 3 ulp (Cephes tanhf polynomial below 0.625)."""
+Accuracy (float32, measured against NumPy in tests/test_mathfn.py): exp ≤ 2 ulp from ln(FLT_MIN) to ln(FLT_MAX)
+(+inf above, 0 below), log ≤ 2 ulp, erf ≤ 3e-7 absolute (≈ 2 ulp near ±1; a rational fit on [-4, 4]), tanh ≤ 3 ulp
+(Cephes tanhf polynomial below 0.625)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -35,7 +36,9 @@ class VectorMath:
         b, t = self.b, x.type
         if self.scalef and t.count == 16:
             return self._exp_scalef(x)
-        xc = self.intrinsic("llvm.minnum", t, [self.intrinsic("llvm.maxnum", t, [x, _c(t, -87.0)]), _c(t, 88.0)])
+        # clamped to float32's range, ln(FLT_MIN) .. ln(FLT_MAX): n = round(x / ln2) in [-126, 128]
+        xc = self.intrinsic("llvm.minnum", t, [self.intrinsic("llvm.maxnum", t, [x, _c(t, -87.33654)]),
+                                              _c(t, 88.72283)])
         n = self.intrinsic("llvm.roundeven", t, [b.fmul(xc, _c(t, 1.44269504088896341))])
         r = self.fma(n, _c(t, -0.693359375), xc)            # Cody–Waite: ln2 = hi + lo
         r = self.fma(n, _c(t, 2.12194440e-4), r)
@@ -43,19 +46,23 @@ class VectorMath:
                                     1.6666665459e-1, 5.0000001201e-1])
         y = b.fadd(self.fma(p, b.fmul(r, r), r), _c(t, 1.0))
         vi = ir.VectorType(I32, t.count)
-        scale = b.bitcast(b.shl(b.add(b.fptosi(n, vi), _c(vi, 127)), _c(vi, 23)), t)
-        out = b.fmul(y, scale)
-        # past float32's range: +inf above ln(FLT_MAX), 0 below ln(FLT_MIN) (the clamp alone gave e^±87)
-        out = b.select(b.fcmp_ordered(">", x, _c(t, 88.72283)), _c(t, float("inf")), out)
+        # 2^n as two factors 2^(n - h) · 2^h, h = n >> 1: 2^128 has no float32, and the range's ends need n = 128
+        # (e^88.5 = 0.79 · 2^128) and n = -126 (a single 2^(n-1) would be subnormal there)
+        ni = b.fptosi(n, vi)
+        half = b.ashr(ni, _c(vi, 1))
+
+        def two_to(k: ir.Value) -> ir.Value:
+            return b.bitcast(b.shl(b.add(k, _c(vi, 127)), _c(vi, 23)), t)
+        out = b.fmul(b.fmul(y, two_to(b.sub(ni, half))), two_to(half))
+        out = b.select(b.fcmp_ordered(">", x, _c(t, 88.72283)), _c(t, float("inf")), out)  # past float32's range
         out = b.select(b.fcmp_ordered("<", x, _c(t, -87.33654)), _c(t, 0.0), out)
         return b.select(b.fcmp_unordered("uno", x, x), x, out)  # NaN stays NaN
 
     def _exp_scalef(self, x: ir.Value) -> ir.Value:
         """AVX-512: the same reduction and polynomial, 2^n applied by vscalefps (y·2^n without forming 2^n, +inf past
         float32's range, NaN for NaN) instead of building 2^n's bits and selecting the limits: 17 instructions a
-        vector for 28 (softmax's exp is most of its time). The clamp keeps the reduction finite for ±inf and lets NaN
-        through (compare-and-select: x when the compare fails); the results past the generic path's clamp are e^x,
-        not e^±87 or e^88, and 0 below ln(FLT_MIN) as there."""
+        vector for 32 (softmax's exp is most of its time). The clamp keeps the reduction finite for ±inf and lets NaN
+        through (compare-and-select: x when the compare fails); 0 below ln(FLT_MIN) as on the other path."""
         b, t = self.b, x.type
         lo, hi = _c(t, -88.0), _c(t, 89.0)
         xc = b.select(b.fcmp_ordered("<", x, lo), lo, x)
