@@ -36,9 +36,8 @@ class VectorMath:
         b, t = self.b, x.type
         if self.scalef and t.count == 16:
             return self._exp_scalef(x)
-        # clamped to float32's range, ln(FLT_MIN) .. ln(FLT_MAX): n = round(x / ln2) in [-126, 128]
-        xc = self.intrinsic("llvm.minnum", t, [self.intrinsic("llvm.maxnum", t, [x, _c(t, -87.33654)]),
-                                              _c(t, 88.72283)])
+        # clamped to [ln(FLT_MIN), 89]: n = round(x / ln2) in [-126, 128]; past ln(FLT_MAX) the product overflows
+        xc = self.intrinsic("llvm.minnum", t, [self.intrinsic("llvm.maxnum", t, [x, _c(t, -87.33654)]), _c(t, 89.0)])
         n = self.intrinsic("llvm.roundeven", t, [b.fmul(xc, _c(t, 1.44269504088896341))])
         r = self.fma(n, _c(t, -0.693359375), xc)            # Cody–Waite: ln2 = hi + lo
         r = self.fma(n, _c(t, 2.12194440e-4), r)
@@ -53,8 +52,7 @@ class VectorMath:
 
         def two_to(k: ir.Value) -> ir.Value:
             return b.bitcast(b.shl(b.add(k, _c(vi, 127)), _c(vi, 23)), t)
-        out = b.fmul(b.fmul(y, two_to(b.sub(ni, half))), two_to(half))
-        out = b.select(b.fcmp_ordered(">", x, _c(t, 88.72283)), _c(t, float("inf")), out)  # past float32's range
+        out = b.fmul(b.fmul(y, two_to(b.sub(ni, half))), two_to(half))  # +inf past float32's range
         out = b.select(b.fcmp_ordered("<", x, _c(t, -87.33654)), _c(t, 0.0), out)
         return b.select(b.fcmp_unordered("uno", x, x), x, out)  # NaN stays NaN
 
