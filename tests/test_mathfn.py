@@ -49,10 +49,11 @@ def test_exp_nan_and_limits(width: str) -> None:
 
 def test_exp_overflows_to_inf(width: str) -> None:
     x = np.zeros(64, np.float32)
-    x[:5] = [88.0, 88.8, 1000.0, -88.0, np.inf]
+    x[:6] = [88.0, 88.8, 1000.0, -88.0, np.inf, np.nextafter(np.float32(88.72283), np.float32(np.inf))]
     y = run_unary("Exp", x, width)
-    if y is not None:
+    if y is not None:  # the last: the first float32 past ln(FLT_MAX)
         assert 1.6e38 < y[0] < 1.7e38 and np.isinf(y[1]) and np.isinf(y[2]) and y[3] == 0.0 and np.isinf(y[4])
+        assert np.isinf(y[5])
 
 
 @pytest.mark.parametrize("lo, hi", [(1e-30, 1e-20), (0.5, 2.0), (1e-3, 1e6), (1e30, 3e38)])
