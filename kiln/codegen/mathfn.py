@@ -32,18 +32,24 @@ class VectorMath:
     def fma(self, a: ir.Value, x: ir.Value, c: ir.Value) -> ir.Value:
         return self.intrinsic("llvm.fmuladd", a.type, [a, x, c])
 
+    def _exp_reduced(self, xc: ir.Value) -> tuple[ir.Value, ir.Value]:
+        """e^xc = y · 2^n: n = round(xc / ln2) (a float), y = e^r on r = xc − n·ln2 ∈ [−ln2/2, ln2/2] (Cody–Waite: ln2
+        in two parts) by a degree-7 polynomial."""
+        b, t = self.b, xc.type
+        n = self.intrinsic("llvm.roundeven", t, [b.fmul(xc, _c(t, 1.44269504088896341))])
+        r = self.fma(n, _c(t, -0.693359375), xc)
+        r = self.fma(n, _c(t, 2.12194440e-4), r)
+        p = _poly(b, self.fma, r, [1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
+                                    1.6666665459e-1, 5.0000001201e-1])
+        return n, b.fadd(self.fma(p, b.fmul(r, r), r), _c(t, 1.0))
+
     def exp(self, x: ir.Value) -> ir.Value:
         b, t = self.b, x.type
         if self.scalef and t.count == 16:
             return self._exp_scalef(x)
         lo, hi = _c(t, -87.33654), _c(t, 88.72283)   # ln(FLT_MIN), ln(FLT_MAX) (rounded inwards)
         xc = self.intrinsic("llvm.minnum", t, [self.intrinsic("llvm.maxnum", t, [x, lo]), hi])
-        n = self.intrinsic("llvm.roundeven", t, [b.fmul(xc, _c(t, 1.44269504088896341))])   # in [-126, 128]
-        r = self.fma(n, _c(t, -0.693359375), xc)            # Cody–Waite: ln2 = hi + lo
-        r = self.fma(n, _c(t, 2.12194440e-4), r)
-        p = _poly(b, self.fma, r, [1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
-                                    1.6666665459e-1, 5.0000001201e-1])
-        y = b.fadd(self.fma(p, b.fmul(r, r), r), _c(t, 1.0))
+        n, y = self._exp_reduced(xc)   # n in [-126, 128]
         # y · 2^n by adding n to y's exponent field: y = e^r in [0.707, 1.415] has exponent 126 or 127, so the sum
         # stays a normal float at both ends — n = -126 comes with r ≥ 0 (x clamped at ln(FLT_MIN)): 127 - 126; n = 128
         # with y < 1 below ln(FLT_MAX): 126 + 128 — where 2^n itself (2^128) has no float32
@@ -63,12 +69,7 @@ class VectorMath:
         lo, hi = _c(t, -88.0), _c(t, 89.0)
         xc = b.select(b.fcmp_ordered("<", x, lo), lo, x)
         xc = b.select(b.fcmp_ordered(">", xc, hi), hi, xc)
-        n = self.intrinsic("llvm.roundeven", t, [b.fmul(xc, _c(t, 1.44269504088896341))])
-        r = self.fma(n, _c(t, -0.693359375), xc)
-        r = self.fma(n, _c(t, 2.12194440e-4), r)
-        p = _poly(b, self.fma, r, [1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
-                                    1.6666665459e-1, 5.0000001201e-1])
-        y = b.fadd(self.fma(p, b.fmul(r, r), r), _c(t, 1.0))
+        n, y = self._exp_reduced(xc)
         name = "llvm.x86.avx512.mask.scalef.ps.512"
         fn = b.module.globals.get(name) or ir.Function(
             b.module, ir.FunctionType(t, [t, t, t, ir.IntType(16), I32]), name)
