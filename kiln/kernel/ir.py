@@ -224,6 +224,9 @@ class Addr(Expr):
         return f"&{self.buf}[{', '.join(map(repr, self.index))}]"
 
 
+_MEMOS = ("_hash", "_repr", "_atoms", "_kids")  # what a node memoizes about itself (cache_hash, atoms, children)
+
+
 def cache_hash(cls: type) -> None:
     """Memoize a frozen dataclass's hash and text: expressions are trees hashed over and over (dict keys in
     substitute, walk, the codegen's caches), and printed whole (a kernel's text is its identity: codegen/module.py
@@ -239,7 +242,7 @@ def cache_hash(cls: type) -> None:
         return memoized
     cls.__hash__, cls.__repr__ = memo("_hash", cls.__hash__), memo("_repr", cls.__repr__)
     # the hash memo is a str hash, salted per process: a pickled expression (sent to a tuning worker) drops it
-    cls.__getstate__ = lambda self: {k: v for k, v in self.__dict__.items() if k not in ("_hash", "_repr", "_atoms")}
+    cls.__getstate__ = lambda self: {k: v for k, v in self.__dict__.items() if k not in _MEMOS}
 
 
 for _cls in (Const, Var, Sym, Load, Bin, Un, Select, Cast, LocalRef, Reduce, Addr):
@@ -295,12 +298,18 @@ def _kid_fields(cls: type) -> tuple[str, ...]:
     return names
 
 
-def children(e: Expr) -> list[Expr]:
-    if isinstance(e, (Load, Addr)):
-        return list(e.index)
-    if isinstance(e, Reduce):
-        return [e.body]
-    return [v for n in _kid_fields(type(e)) if isinstance(v := getattr(e, n), Expr)]
+def children(e: Expr) -> tuple[Expr, ...]:
+    """The sub-expressions of `e`, memoized on the node (walks and substitutions visit the same trees many times)."""
+    got = e.__dict__.get("_kids")
+    if got is None:
+        if isinstance(e, (Load, Addr)):
+            got = e.index
+        elif isinstance(e, Reduce):
+            got = (e.body,)
+        else:
+            got = tuple(v for n in _kid_fields(type(e)) if isinstance(v := getattr(e, n), Expr))
+        object.__setattr__(e, "_kids", got)
+    return got
 
 
 def rebuild(e: Expr, kids: list[Expr]) -> Expr:
