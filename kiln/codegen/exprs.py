@@ -378,7 +378,7 @@ class ExprEmitter(MemoryAccess):
             return B.fneg(x), vec
         if vec and x.type.element == F32 and op in ("exp", "log", "erf", "tanh", "sigmoid"):
             scalef = self.target is not None and "avx512f" in features_on(self.target.features)
-            return getattr(VectorMath(B, self.intrinsic, scalef), op)(x), vec
+            return getattr(VectorMath(B, self.intrinsic, self._decl, scalef), op)(x), vec
         if op == "sigmoid":
             one = self._fconst(x.type, 1.0)
             return B.fdiv(one, B.fadd(one, self.intrinsic("llvm.exp", x.type, [B.fneg(x)]))), vec

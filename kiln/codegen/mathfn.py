@@ -13,6 +13,7 @@ from llvmlite import ir
 from kiln.codegen.constants import splat_constant as _c
 
 I32 = ir.IntType(32)
+LN_FLT_MIN, LN_FLT_MAX = -87.33654, 88.72283   # float32's exp range ends, rounded inwards
 
 
 def _poly(b: ir.IRBuilder, fma: Callable, x: ir.Value, coeffs: list[float]) -> ir.Value:
@@ -25,9 +26,10 @@ def _poly(b: ir.IRBuilder, fma: Callable, x: ir.Value, coeffs: list[float]) -> i
 
 class VectorMath:
     def __init__(self, b: ir.IRBuilder, intrinsic: Callable[[str, ir.Type, list[ir.Value]], ir.Value],
-                 scalef: bool = False):
-        """`scalef`: the target has AVX-512F's vscalefps (exp applies 2^n with it on 16-lane vectors)."""
-        self.b, self.intrinsic, self.scalef = b, intrinsic, scalef
+                 declare: Callable[[str, ir.Type, list[ir.Type]], ir.Function], scalef: bool = False):
+        """`declare(name, ret, args)`: the module's function of that signature (the emitter's); `scalef`: the target
+        has AVX-512F's vscalefps (exp applies 2^n with it on 16-lane vectors)."""
+        self.b, self.intrinsic, self.declare, self.scalef = b, intrinsic, declare, scalef
 
     def fma(self, a: ir.Value, x: ir.Value, c: ir.Value) -> ir.Value:
         return self.intrinsic("llvm.fmuladd", a.type, [a, x, c])
@@ -47,7 +49,7 @@ class VectorMath:
         b, t = self.b, x.type
         if self.scalef and t.count == 16:
             return self._exp_scalef(x)
-        lo, hi = _c(t, -87.33654), _c(t, 88.72283)   # ln(FLT_MIN), ln(FLT_MAX) (rounded inwards)
+        lo, hi = _c(t, LN_FLT_MIN), _c(t, LN_FLT_MAX)
         xc = self.intrinsic("llvm.minnum", t, [self.intrinsic("llvm.maxnum", t, [x, lo]), hi])
         n, y = self._exp_reduced(xc)   # n in [-126, 128]
         # y · 2^n by adding n to y's exponent field: y = e^r in [0.707, 1.415] has exponent 126 or 127, so the sum
@@ -70,11 +72,10 @@ class VectorMath:
         xc = b.select(b.fcmp_ordered("<", x, lo), lo, x)
         xc = b.select(b.fcmp_ordered(">", xc, hi), hi, xc)
         n, y = self._exp_reduced(xc)
-        name = "llvm.x86.avx512.mask.scalef.ps.512"
-        fn = b.module.globals.get(name) or ir.Function(
-            b.module, ir.FunctionType(t, [t, t, t, ir.IntType(16), I32]), name)
-        out = b.call(fn, [y, n, y, ir.Constant(ir.IntType(16), -1), ir.Constant(I32, 4)])  # all lanes, MXCSR rounding
-        return b.select(b.fcmp_ordered("<", x, _c(t, -87.33654)), _c(t, 0.0), out)
+        scalef = self.declare("llvm.x86.avx512.mask.scalef.ps.512", t, [t, t, t, ir.IntType(16), I32])
+        # all 16 lanes (mask -1), the MXCSR rounding (4)
+        out = b.call(scalef, [y, n, y, ir.Constant(ir.IntType(16), -1), ir.Constant(I32, 4)])
+        return b.select(b.fcmp_ordered("<", x, _c(t, LN_FLT_MIN)), _c(t, 0.0), out)
 
     def erf(self, x: ir.Value) -> ir.Value:
         """erf(x) = x·P(x²)/Q(x²) on [-4, 4] (the rational form Eigen uses for float), ±1 beyond."""
