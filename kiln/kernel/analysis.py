@@ -102,8 +102,9 @@ def fuse_contiguous_axes(c: Compute, shape_of: Callable[[str], tuple[int, ...]])
     """Merge the two innermost output axes (a, b) into one axis f = a·B + b wherever every access is
     affine with stride(a) = B·stride(b) — e.g. (h, w) of NCHW tensors in elementwise ops and 1×1
     convolutions — so a 7×7 or 56×56 plane is one contiguous loop of 49 or 3136 and vectors fill.
-    Accesses become linear (single-index) loads and stores. Repeats while it applies."""
-    while len(c.axes) >= 2 and (c.store is None or len(c.store) == 1):
+    Accesses become linear (single-index) loads and stores — an explicit store too (a padded copy's interior,
+    kernel/lower.py: _pad_regions), whose affine offsets stay in the flat index. Repeats while it applies."""
+    while len(c.axes) >= 2:
         # an outer axis of extent 1 (a batch lowered per sample) fuses whatever its stride: a is always 0 — in a
         # compute whose hints name no axes by position (an anchor's m_axis / n_axis would go stale)
         lone = c.extents[-2] == 1 and not any(h.endswith("_axis") for h in c.hints)

@@ -186,16 +186,26 @@ def lower_matmul(n: Node) -> Lowered:
     return Lowered([Compute(y.name, ax, y.shape, body)])
 
 
+NARROW_BLOCK_BYTES = 16  # a padded copy of a blocked input with narrower channel blocks is written region by region
+
+
 def _padded(x: Value, pads: tuple[int, ...], value: float | Expr,
-            name: str) -> tuple[Compute | None, Buffer | None, str]:
+            name: str) -> tuple[list[Compute], Buffer | None, str]:
     """A zero/-inf padded copy of NCHW `x` (spatial pads only; a blocked NCHW[cb]c `x` keeps its trailing
-    channel block), so windows read in bounds with affine indices. `value` may be an expression (a quantized
-    tensor's zero point: its 0.0)."""
+    channel block), so windows read in bounds with affine indices: the computes that write it, the buffer and its
+    name (none and x's own name without pads). `value` may be an expression (a quantized tensor's zero point: its
+    0.0)."""
     nd = len(pads) // 2
     if not any(pads):
-        return None, None, x.name
+        return [], None, x.name
     shape = x.shape[:2] + tuple(x.shape[2 + i] + pads[i] + pads[i + nd] for i in range(nd)) + x.shape[2 + nd:]
     buf = Buffer(name, x.dtype, shape)
+    fill = value if isinstance(value, Expr) else Const(value, x.dtype)
+    static_block = all(isinstance(d, int) for d in shape) and len(shape) > 2 + nd
+    if static_block and int(np.prod(shape[2 + nd:])) * _itemsize(x.dtype) < NARROW_BLOCK_BYTES:
+        return [rows_outermost(c) for c in _pad_regions(x, shape, pads, fill, name)], buf, name
+    # else one compute, each point in bounds or not: its vectors run along the row (NCHW) or over a channel block
+    # a vector wide already, in one parallel nest
     ax = axes_for(shape, "p")
     src = [ax[0], ax[1]] + [ax[2 + i] - pads[i] for i in range(nd)]
     inside: Expr | None = None
@@ -203,10 +213,38 @@ def _padded(x: Value, pads: tuple[int, ...], value: float | Expr,
         c = Bin("and", cmp(">=", src[2 + i], 0), cmp("<", src[2 + i], x.shape[2 + i]))
         inside = c if inside is None else Bin("and", inside, c)
     safe = tuple(src[:2] + [clamp(src[2 + i], 0, x.shape[2 + i] - 1) for i in range(nd)]) + ax[2 + nd:]
-    fill = value if isinstance(value, Expr) else Const(value, x.dtype)
-    body = Select(inside, Load(x.name, safe, x.dtype), fill)
-    copy = Compute(name, ax, shape, body)
-    return (rows_outermost(copy) if nd else copy), buf, name
+    copy = Compute(name, ax, shape, Select(inside, Load(x.name, safe, x.dtype), fill))
+    return [rows_outermost(copy) if nd else copy], buf, name
+
+
+def _itemsize(dtype: str) -> int:
+    return 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
+
+
+def _pad_regions(x: Value, shape: tuple[int, ...], pads: tuple[int, ...], fill: Expr, name: str) -> list[Compute]:
+    """x copied into the interior of the padded buffer, and the border filled slab by slab — along spatial dim i the
+    pads before and after x, over x's extent in the dims before i and the whole buffer in the dims after it:
+
+        for p2 < 226, p3 < 226, c < 4:                   for p2 < 1, p3 < 226, c < 4:   P[p2, p3, c] = fill (top)
+          P[p2, p3, c] = select(1 ≤ p2 < 225 and …,  ⇒   … bottom; left and right within rows 1..224
+                                x[clamp(p2−1), …],       for p2 < 224, p3 < 224, c < 4:
+                                fill)                      P[p2 + 1, p3 + 1, c] = x[p2, p3, c]
+
+    The copy is affine, so its row's innermost axes fuse into one contiguous run (kernel/analysis.py:
+    fuse_contiguous_axes): the int8 stem's blocked input, 4 bytes a pixel, was one masked 4-lane vector per pixel."""
+    nd = len(pads) // 2
+    out = []
+    for i in range(nd):
+        for start, n in ((0, pads[i]), (pads[i] + x.shape[2 + i], pads[i + nd])):
+            if n <= 0:
+                continue
+            ext = shape[:2] + tuple(x.shape[2:2 + i]) + (n,) + shape[3 + i:]
+            a = axes_for(ext, "p")
+            at = a[:2] + tuple(a[2 + j] + pads[j] for j in range(i)) + (a[2 + i] + start if start else a[2 + i],)
+            out.append(Compute(name, a, ext, fill, at + a[3 + i:]))
+    ax = axes_for(x.shape, "p")  # the copy last: the fills (too small to split) run before its parallel nest
+    return out + [Compute(name, ax, x.shape, Load(x.name, ax, x.dtype),
+                          (ax[0], ax[1]) + tuple(ax[2 + i] + pads[i] for i in range(nd)) + ax[2 + nd:])]
 
 
 def rows_outermost(c: Compute, row: int = 2) -> Compute:
@@ -248,7 +286,7 @@ def lower_conv(n: Node) -> Lowered:
     # vectors run along the output row, where the window's column offset is affine); MobileNetV2's 56×56
     # ones spent as long copying as convolving. Dense convs keep the copy: their tiles broadcast pixels.
     guarded = cig == 1 and a["group"] > 1 and all(s == 1 for s in a["strides"]) and any(a["pads"])
-    pre, tmp, src = (None, None, x.name) if guarded else _padded(x, a["pads"], 0.0, f"{y.name}.pad")
+    pre, tmp, src = ([], None, x.name) if guarded else _padded(x, a["pads"], 0.0, f"{y.name}.pad")
     ci = Var("rc")
     ks = tuple(Var(f"rk{i}") for i in range(nd))
     chan = ci if a["group"] == 1 else (ax[1] // cog) * cig + ci
@@ -263,7 +301,7 @@ def lower_conv(n: Node) -> Lowered:
         body = body + ld(n.inputs[2], (ax[1],))
     # a depthwise 2-D conv: a register tile of output rows × vectors along the row (schedule/tile.py)
     hints = {"depthwise": True, "m_axis": -2, "n_axis": -1} if guarded and nd == 2 else {}
-    return Lowered(([pre] if pre else []) + [Compute(y.name, ax, y.shape, body, hints=hints)], [tmp] if tmp else [])
+    return Lowered(pre + [Compute(y.name, ax, y.shape, body, hints=hints)], [tmp] if tmp else [])
 
 
 @lowering("ConvTranspose")
@@ -305,7 +343,7 @@ def lower_pool(n: Node) -> Lowered:
     if len(x.shape) > 2 + nd and kind in ("max", "avg"):
         # blocked: the vectors run over the channel block, so a padded tap is a uniform masked load — cheaper
         # than a padded copy of the whole input (resnet's 112×112 max pool: the copy wrote 3.3 MB)
-        pre, tmp, src = None, None, x.name
+        pre, tmp, src = [], None, x.name
         xs = guarded_window(x, (ax[0], ax[1]), tuple(p - a["pads"][i] for i, p in enumerate(sp)), ax[2 + nd:], fill)
     else:
         pre, tmp, src = _padded(x, a["pads"], fill, f"{y.name}.pad")
@@ -332,7 +370,7 @@ def lower_pool(n: Node) -> Lowered:
                 c = maximum(end - first, 0)
             count = c if count is None else count * c
         body = Reduce("sum", window, xs) / Cast(x.dtype, count)
-    return Lowered(([pre] if pre else []) + [rows_outermost(Compute(y.name, ax, y.shape, body))], [tmp] if tmp else [])
+    return Lowered(pre + [rows_outermost(Compute(y.name, ax, y.shape, body))], [tmp] if tmp else [])
 
 
 @lowering("FromBlocked")

@@ -45,7 +45,7 @@ def lower_packed_conv(n: Node) -> Lowered:
         cob, coi = co // nr, co % nr
     # a depthwise conv reads its padding through guards (its interior tiles drop them: schedule/guards.py); a
     # dense one from a padded copy (its rows may cross output-row ends, where guards would not be affine)
-    pre, tmp, src = (None, None, x.name) if depthwise else _padded(x, a["pads"], 0.0, f"{y.name}.pad")
+    pre, tmp, src = ([], None, x.name) if depthwise else _padded(x, a["pads"], 0.0, f"{y.name}.pad")
     ks = tuple(Var(f"rk{i}") for i in range(nd))
     sp = tuple(sp_out[i] * a["strides"][i] + ks[i] * a["dilations"][i] for i in range(nd))
     taps = tuple(zip(ks, a["kernel"]))
@@ -81,4 +81,4 @@ def lower_packed_conv(n: Node) -> Lowered:
     if nd == 2:
         hints["spatial"] = (last - 1, last)
     comp = Compute(y.name, ax, y.shape, body, hints=hints)
-    return Lowered(([pre] if pre else []) + [comp], [tmp] if tmp else [])
+    return Lowered(pre + [comp], [tmp] if tmp else [])

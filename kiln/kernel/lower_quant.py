@@ -80,7 +80,7 @@ def lower_conv_integer(n: Node) -> Lowered:
     wi = (ax[1], ci) + ks
     term = (i32(xs) - i32(fill)) * (i32(ld(w, wi)) - i32(ld(wz, bcast_index(wz.shape, wi))))
     body = Reduce("sum", ((ci, cig),) + tuple(zip(ks, w.shape[2:])), term)
-    return Lowered(([pre] if pre else []) + [Compute(y.name, ax, y.shape, body)], [tmp] if tmp else [])
+    return Lowered(pre + [Compute(y.name, ax, y.shape, body)], [tmp] if tmp else [])
 
 
 # -- the integer anchors (graph/passes/quantize_qdq.py) in their plain layouts --------------------------------------
@@ -120,7 +120,7 @@ def lower_qconv(n: Node) -> Lowered:
     sp = tuple(ax[2 + i] * a["strides"][i] + ks[i] * a["dilations"][i] for i in range(nd))
     term = product(Load(src, (ax[0], chan) + sp, x.dtype), ld(w, (ax[1], ci) + ks), acc)
     body = Reduce("sum", ((ci, cig),) + tuple(zip(ks, w.shape[2:])), term) + _addend(n, (ax[1],))
-    return Lowered(([pre] if pre else []) + [Compute(y.name, ax, y.shape, body)], [tmp] if tmp else [])
+    return Lowered(pre + [Compute(y.name, ax, y.shape, body)], [tmp] if tmp else [])
 
 
 @lowering("QPackedMatMul")
@@ -158,7 +158,7 @@ def lower_qpacked_conv(n: Node) -> Lowered:
     sp = tuple(sp_out[i] * a["strides"][i] + ks[i] * a["dilations"][i] for i in range(2))
     taps = tuple(zip(ks, a["kernel"]))
     fill = Const(int(a["fill"]), x.dtype)
-    pre = tmp = None
+    pre, tmp = [], None
     if a["depthwise"] and a.get("quads"):  # a window row's taps, one 4-byte group per lane: LaneDot4
         row = sp[0] - a["pads"][0]
         xq = [guarded_window(x, (b, cob), (row, sp_out[1] * a["strides"][1] + q * a["dilations"][1] - a["pads"][1]),
@@ -179,4 +179,4 @@ def lower_qpacked_conv(n: Node) -> Lowered:
              "spatial": (-3, -2)}
     if not a["depthwise"]:
         hints["int8"] = "conv"
-    return Lowered(([pre] if pre else []) + [Compute(y.name, ax, y.shape, body, hints=hints)], [tmp] if tmp else [])
+    return Lowered(pre + [Compute(y.name, ax, y.shape, body, hints=hints)], [tmp] if tmp else [])
