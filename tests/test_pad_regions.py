@@ -10,15 +10,15 @@ import itertools
 
 import numpy as np
 import pytest
+from test_ops_quant import assert_steps, qlinear_conv_model
 
-from conftest import nest_stmts, run_kiln, run_ort
+from conftest import nest_stmts, rand, run_kiln, run_ort
 from kiln.compiler import check_options, lower
 from kiln.graph.ir import Value
 from kiln.graph.types import TensorType
 from kiln.kernel.ir import Bin, Const, Expr, Load, Loop, Var
 from kiln.kernel.lower import _pad_regions
 from kiln.target import resolve
-from test_ops_quant import assert_steps, qlinear_conv_model, rand
 
 
 def _value(e: Expr, env: dict[str, int]) -> int:
