@@ -201,8 +201,8 @@ def _padded(x: Value, pads: tuple[int, ...], value: float | Expr,
     shape = x.shape[:2] + tuple(x.shape[2 + i] + pads[i] + pads[i + nd] for i in range(nd)) + x.shape[2 + nd:]
     buf = Buffer(name, x.dtype, shape)
     fill = value if isinstance(value, Expr) else Const(value, x.dtype)
-    static_block = all(isinstance(d, int) for d in shape) and len(shape) > 2 + nd
-    if static_block and int(np.prod(shape[2 + nd:])) * _itemsize(x.dtype) < NARROW_BLOCK_BYTES:
+    blocked = x.type.is_static and len(shape) > 2 + nd
+    if blocked and int(np.prod(shape[2 + nd:])) * np.dtype(x.dtype).itemsize < NARROW_BLOCK_BYTES:
         return [rows_outermost(c) for c in _pad_regions(x, shape, pads, fill, name)], buf, name
     # else one compute, each point in bounds or not: its vectors run along the row (NCHW) or over a channel block
     # a vector wide already, in one parallel nest
@@ -215,10 +215,6 @@ def _padded(x: Value, pads: tuple[int, ...], value: float | Expr,
     safe = tuple(src[:2] + [clamp(src[2 + i], 0, x.shape[2 + i] - 1) for i in range(nd)]) + ax[2 + nd:]
     copy = Compute(name, ax, shape, Select(inside, Load(x.name, safe, x.dtype), fill))
     return [rows_outermost(copy) if nd else copy], buf, name
-
-
-def _itemsize(dtype: str) -> int:
-    return 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
 
 
 def _pad_regions(x: Value, shape: tuple[int, ...], pads: tuple[int, ...], fill: Expr, name: str) -> list[Compute]:
