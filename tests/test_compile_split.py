@@ -43,6 +43,20 @@ def test_split_matches_one_module(split_small: None, name: str, strategy: str) -
         np.testing.assert_allclose(y, r, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("jobs", [2, 3])
+def test_units_share_the_work(jobs: int) -> None:
+    """Each distinct kernel in exactly one unit, and the units' estimated work within one kernel of each other
+    (largest first, to the lightest unit)."""
+    prog = lower(build("resnet18"), host(), 2, check_options({}), stop_after="kernels").program
+    distinct, _ = split.distinct_kernels(prog)
+    units = split.split_kernels(prog, jobs)
+    assert len(units) == min(len(distinct), jobs * split.UNITS_PER_JOB)
+    assert sorted(i for u in units for i in u) == sorted(distinct)
+    size = {i: split.KERNEL_OVERHEAD + split.emitted_size(prog.kernels[i]) for i in distinct}
+    work = [sum(size[i] for i in u) for u in units]
+    assert max(work) - min(work) <= max(size.values()), work
+
+
 def test_multi_object_save_load_round_trip(split_small: None, tmp_path) -> None:  # noqa: ANN001
     exe = kiln.compile(build("mlp"), num_threads=2, cache=False)
     assert len(exe.objs) > 2

@@ -15,7 +15,7 @@ from onnx import helper
 from conftest import check, make_model, rand
 from kiln.compiler import lower
 from kiln.graph.passes.block_layout import pack_blocked_conv
-from kiln.graph.passes.winograd import G, transform_weights, unpack_blocked_conv
+from kiln.graph.passes.winograd import WEIGHT_CHUNK, G, transform_weights
 from kiln.target import resolve
 
 TOL = 1e-4
@@ -83,13 +83,23 @@ def test_not_for_other_convs() -> None:
     check(model, {"x": x}, TOL)
 
 
+@pytest.mark.parametrize("chunk", [WEIGHT_CHUNK, 8 * 16 * 4, 1])  # one step; steps of 4 pairs and a rest of 2; 1
+def test_weight_transform_in_chunks(chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """U = G g Gᵀ per (co, ci) pair, straight from the packed layout, however many block pairs a step takes."""
+    import kiln.graph.passes.winograd as wg
+    monkeypatch.setattr(wg, "WEIGHT_CHUNK", chunk)
+    wp = rand(3, 2, 3, 3, 8, 16, seed=8)  # [Co/nr, Ci/cb, 3, 3, cb, nr]: 6 block pairs
+    u = transform_weights(wp)
+    assert u.shape == (4, 4, 3, 2, 8, 16) and u.dtype == np.float32
+    want = np.einsum("ra,oiabcn,sb->rsoicn", G, wp.astype(np.float64), G)
+    np.testing.assert_allclose(u, want, rtol=1e-6, atol=1e-7)
+
+
 def test_weight_transform_is_the_3x3_correlation() -> None:
     """Aᵀ[(G g Gᵀ) ⊙ (Bᵀ d B)]A = the 2×2 correlation outputs of the 4×4 patch d, through the packed layouts."""
     w = rand(32, 16, 3, 3, seed=6).astype(np.float64)
     d = rand(16, 4, 4, seed=7).astype(np.float64)
-    back = unpack_blocked_conv(pack_blocked_conv(w.astype(np.float32), 16, 16, False))
-    np.testing.assert_array_equal(back, w.astype(np.float32))
-    u = transform_weights(w.astype(np.float32), 16, 16)  # [4, 4, Co/16, Ci/16, 16, 16]
+    u = transform_weights(pack_blocked_conv(w.astype(np.float32), 16, 16, False))  # [4, 4, Co/16, Ci/16, 16, 16]
     u = u.transpose(0, 1, 2, 5, 3, 4).reshape(4, 4, 32, 16).astype(np.float64)  # [r, c, co, ci]
     v = np.einsum("ra,iab,cb->rci", BT, d, BT)
     y = np.einsum("ir,rco,jc->oij", AT, np.einsum("rcoi,rci->rco", u, v), AT)

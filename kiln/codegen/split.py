@@ -7,9 +7,11 @@ object — while this process plans memory and builds the entry module (`kiln_ma
 symbols; `UnitBuild.finish`). The objects come back through a pipe; MCJIT links them (`jit.LoadedObject`). A unit a
 worker did not deliver (it crashed, or raised) is built here, so its error surfaces as if compiled in one process.
 
-Dealt round-robin in program order, units mix early and late kernels of similar cost; several units per process
-leave at most one small unit of imbalance at the end. A model with few kernels, a debug build (`bounds_check`),
-or a single core keeps one module (cross targets always do: their object is linked with a C driver)."""
+Kernels are dealt largest first, each to the unit with the least work so far (by `emitted_size`, which tracks their
+codegen + LLVM time), so the units cost about the same; several units per process leave at most one small unit of
+imbalance at the end (dealt round-robin in program order, resnet50's largest unit cost three times its smallest).
+A model with few kernels, a debug build (`bounds_check`), or a single core keeps one module
+(cross targets always do: their object is linked with a C driver)."""
 from __future__ import annotations
 
 import os
@@ -22,6 +24,7 @@ from typing import Any
 from kiln.codegen import jit
 from kiln.codegen.module import build_module_text, build_unit_text, distinct_kernels
 from kiln.kernel.build import Program
+from kiln.kernel.ir import Assign, Const, If, Kernel, Loop, Store, walk
 from kiln.runtime.memory import MemoryPlan
 from kiln.target import Target
 
@@ -46,7 +49,41 @@ def split_kernels(prog: Program, jobs: int, bounds_check: bool = False) -> list[
     if jobs < 1 or bounds_check or not hasattr(os, "fork") or len(distinct) < MIN_KERNELS:
         jobs = 1
     n = min(len(distinct), jobs * UNITS_PER_JOB) if jobs > 1 else 1
-    return [distinct[u::n] for u in range(n)]
+    units: list[list[int]] = [[] for _ in range(n)]
+    work = [0] * n
+    size = {i: KERNEL_OVERHEAD + emitted_size(prog.kernels[i]) for i in distinct}
+    for i in sorted(distinct, key=lambda i: -size[i]):  # stable: ties in program order
+        u = work.index(min(work))
+        units[u].append(i)
+        work[u] += size[i]
+    return [sorted(u) for u in units]
+
+
+def emitted_size(k: Kernel) -> int:
+    """What the codegen emits for `k`, roughly: expression nodes of its stores and assignments, each counted once per
+    unrolled copy. Over resnet50's, mobilenetv2's and bert_base's kernels it correlates 0.64–0.73 with their codegen
+    + LLVM time (a kernel's own text, where an unrolled loop is one loop, 0.22)."""
+    return _emitted(k.body, 1)
+
+
+KERNEL_OVERHEAD = 1500  # a kernel's fixed cost in emitted_size units (function, parallel wrapper): the fit's intercept
+
+
+def _emitted(stmts: list, copies: int) -> int:
+    n = 0
+    for s in stmts:
+        if isinstance(s, Loop):
+            unrolled = s.kind == "unroll" and isinstance(s.extent, Const)
+            n += copies + _emitted(s.body, copies * (int(s.extent.value) if unrolled else 1))
+        elif isinstance(s, If):
+            n += copies + _emitted(s.body, copies) + _emitted(s.orelse, copies)
+        elif isinstance(s, Store):
+            n += copies * (len(walk(s.value)) + len(s.index))
+        elif isinstance(s, Assign):
+            n += copies * (len(walk(s.value)) + 1)
+        else:
+            n += copies
+    return n
 
 
 class UnitBuild:

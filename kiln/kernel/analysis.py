@@ -15,8 +15,7 @@ from kiln.kernel.ir import (
     Sym,
     Un,
     Var,
-    children,
-    rebuild,
+    rewrite,
     substitute,
     walk,
 )
@@ -185,17 +184,7 @@ def _index_loads(ld: Load) -> list[Load]:
 
 def _strip_loads(e: Expr) -> Expr:
     """e with every load replaced by a constant: what remains uses axes outside addresses (selects, counts)."""
-    memo: dict[Expr, Expr] = {}
-
-    def go(x: Expr) -> Expr:
-        if x not in memo:
-            if isinstance(x, Load):
-                memo[x] = Const(0, x.dtype)
-            else:
-                kids = children(x)
-                memo[x] = rebuild(x, [go(k) for k in kids]) if kids else x
-        return memo[x]
-    return go(e)
+    return rewrite(e, pre=lambda x: Const(0, x.dtype) if isinstance(x, Load) else None)
 
 
 def unclamped_index(e: Select) -> tuple[Expr, ...] | None:
@@ -227,17 +216,11 @@ def unclamped_index(e: Select) -> tuple[Expr, ...] | None:
 def simplify_panels(e: Expr, ni: Var, nr: int) -> Expr:
     """(x·NR + ni) // NR → x and (x·NR + ni) % NR → ni, valid because 0 ≤ ni < NR (a lane of the tile).
     This is what makes a packed panel load Bp[j // NR, k, j % NR] a plain contiguous vector load."""
-    memo: dict[Expr, Expr] = {}
+    nr_c = Const(nr, "int64")
 
-    def go(x: Expr) -> Expr:
-        if x in memo:
-            return memo[x]
-        kids = children(x)
-        y = rebuild(x, [go(k) for k in kids]) if kids else x
-        if isinstance(y, Bin) and y.op in ("//", "%") and y.b == Const(nr, "int64") and isinstance(y.a, Bin) \
-                and y.a.op == "+" and y.a.b == ni and isinstance(y.a.a, Bin) and y.a.a.op == "*" \
-                and y.a.a.b == Const(nr, "int64"):
-            y = y.a.a.a if y.op == "//" else ni
-        memo[x] = y
+    def panel(_: Expr, y: Expr) -> Expr:
+        if isinstance(y, Bin) and y.op in ("//", "%") and y.b == nr_c and isinstance(y.a, Bin) and y.a.op == "+" \
+                and y.a.b == ni and isinstance(y.a.a, Bin) and y.a.a.op == "*" and y.a.a.b == nr_c:
+            return y.a.a.a if y.op == "//" else ni
         return y
-    return go(e)
+    return rewrite(e, panel)

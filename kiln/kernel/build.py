@@ -32,7 +32,7 @@ from kiln.kernel.ir import (
     Reduce,
     children,
     is_float,
-    rebuild,
+    rewrite,
     substitute,
     walk,
 )
@@ -78,34 +78,14 @@ def root(view_of: dict[str, str], name: str) -> str:
 
 def _replace_loads(e: Expr, buf: str, fn) -> Expr:  # noqa: ANN001
     """Rebuild `e` with every Load of `buf` replaced by fn(load)."""
-    memo: dict[Expr, Expr] = {}
-
-    def go(x: Expr) -> Expr:
-        if x in memo:
-            return memo[x]
-        if isinstance(x, Load) and x.buf == buf:
-            out = fn(Load(x.buf, tuple(go(i) for i in x.index), x.dtype))
-        else:
-            kids = children(x)
-            out = rebuild(x, [go(k) for k in kids]) if kids else x
-        memo[x] = out
-        return out
-    return go(e)
+    return rewrite(e, lambda x, y: fn(y) if isinstance(x, Load) and x.buf == buf else y)
 
 
 def rename_loads(e: Expr, canon: dict[str, str], memo: dict[Expr, Expr] | None = None) -> Expr:
     """`e` with every Load's buffer renamed through `canon` (which must name each); `memo` may be shared by calls
-    over expressions with common parts (a Winograd transform's 16 stores: schedule/winograd_fuse.py)."""
-    memo = {} if memo is None else memo
-
-    def go(x: Expr) -> Expr:
-        if x not in memo:
-            kids = children(x)
-            y = rebuild(x, [go(k) for k in kids]) if kids else x
-            # only a Load itself is renamed: a rebuilt x + 0 may fold to its (already renamed) operand
-            memo[x] = Load(canon[y.buf], y.index, y.dtype) if isinstance(x, Load) else y
-        return memo[x]
-    return go(e)
+    over expressions with common parts (a Winograd transform's 16 stores: schedule/winograd_fuse.py). Only a Load
+    itself is renamed: a rebuilt x + 0 may fold to its (already renamed) operand."""
+    return rewrite(e, lambda x, y: Load(canon[y.buf], y.index, y.dtype) if isinstance(x, Load) else y, memo=memo)
 
 
 def _loads_of(e: Expr, buf: str) -> list[Load]:

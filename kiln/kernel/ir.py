@@ -337,12 +337,13 @@ def atoms(e: Expr) -> frozenset[Expr]:
     """The Vars, Syms and LocalRefs under `e` (itself included), memoized on the node: a subtree without any of a
     substitution's variables is returned as it is instead of being rebuilt (schedules substitute whole bodies per
     unrolled point: Winograd's 16 input-transform stores)."""
+    if isinstance(e, _ATOMS):  # not memoized: a set holding its own node would be a reference cycle
+        kids = children(e)
+        return frozenset((e,)).union(*map(atoms, kids)) if kids else frozenset((e,))
     got = e.__dict__.get("_atoms")
     if got is None:
         kids = children(e)
         got = _NO_ATOMS if not kids else atoms(kids[0]) if len(kids) == 1 else frozenset().union(*map(atoms, kids))
-        if isinstance(e, _ATOMS):
-            got = got | {e}
         object.__setattr__(e, "_atoms", got)
     return got
 
@@ -350,23 +351,48 @@ def atoms(e: Expr) -> frozenset[Expr]:
 def substitute(e: Expr, mapping: dict[Expr, Expr]) -> Expr:
     """Replace sub-expressions (typically Vars) structurally, bottom-up, memoized. A key occurs only in subtrees
     holding all its atoms, so subtrees sharing none with the keys are skipped (unless a key has none: a constant)."""
-    memo: dict[Expr, Expr] = {}
     key_atoms: frozenset[Expr] | None = frozenset().union(*map(atoms, mapping)) if mapping else _NO_ATOMS
     if any(not atoms(k) for k in mapping):
         key_atoms = None
+    return _substitute(e, mapping, key_atoms, {})
 
-    def go(x: Expr) -> Expr:
-        if x in mapping:
-            return mapping[x]
-        if key_atoms is not None and key_atoms.isdisjoint(atoms(x)):
-            return x
-        if x in memo:
-            return memo[x]
+
+def _substitute(x: Expr, mapping: dict[Expr, Expr], key_atoms: frozenset[Expr] | None, memo: dict[Expr, Expr]) -> Expr:
+    if x in mapping:
+        return mapping[x]
+    if key_atoms is not None and key_atoms.isdisjoint(atoms(x)):
+        return x
+    out = memo.get(x)
+    if out is None:
         kids = children(x)
-        out = rebuild(x, [go(k) for k in kids]) if kids else x
+        out = memo[x] = rebuild(x, [_substitute(k, mapping, key_atoms, memo) for k in kids]) if kids else x
+    return out
+
+
+def rewrite(e: Expr, post: Callable[[Expr, Expr], Expr] | None = None, pre: Callable[[Expr], Expr | None] | None = None,
+            memo: dict[Expr, Expr] | None = None) -> Expr:
+    """`e` rebuilt bottom-up, each distinct sub-expression once (`memo` may be shared by calls over expressions with
+    common parts): `pre(x)`, when not None, replaces x whole (its subtree is not visited); otherwise x is rebuilt
+    from its rewritten children and `post(x, rebuilt)` is the result.
+
+    Module-level recursion, here and in `_substitute`, rather than a nested function calling itself: such a closure
+    is a reference cycle that keeps its memo — every expression it built — until the cycle collector runs (a resnet18
+    compile left 156k objects to it)."""
+    return _rewrite(e, pre, post, {} if memo is None else memo)
+
+
+def _rewrite(x: Expr, pre: Callable[[Expr], Expr | None] | None, post: Callable[[Expr, Expr], Expr] | None,
+             memo: dict[Expr, Expr]) -> Expr:
+    out = memo.get(x)
+    if out is None:
+        out = pre(x) if pre is not None else None
+        if out is None:
+            kids = children(x)
+            out = rebuild(x, [_rewrite(k, pre, post, memo) for k in kids]) if kids else x
+            if post is not None:
+                out = post(x, out)
         memo[x] = out
-        return out
-    return go(e)
+    return out
 
 
 def walk(e: Expr) -> list[Expr]:

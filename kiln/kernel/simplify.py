@@ -54,19 +54,19 @@ def float_range(e: Expr) -> Range:
 def drop_satisfied_clamps(e: Expr) -> Expr:
     """e with every float max(x, c) / min(x, c) whose x is already ≥ c / ≤ c replaced by x; each shared subtree
     visited once, an unchanged subtree kept as it is."""
-    done: dict[int, tuple[Expr, Expr]] = {}  # id → (node, its rewrite); the node kept so its id is not reused
+    return _drop_clamps(e, {})  # id → (node, its rewrite); the node kept so its id is not reused
 
-    def go(x: Expr) -> Expr:
-        hit = done.get(id(x))
-        if hit is not None:
-            return hit[1]
-        kids = children(x)
-        new = [go(k) for k in kids]
-        out = rebuild(x, new) if any(n is not k for n, k in zip(new, kids)) else x
-        if isinstance(out, Bin) and out.op in ("max", "min") and is_float(out.dtype) and _c(out.b) is not None:
-            lo, hi = float_range(out.a)
-            if (out.op == "max" and lo >= _c(out.b)) or (out.op == "min" and hi <= _c(out.b)):
-                out = out.a
-        done[id(x)] = (x, out)
-        return out
-    return go(e)
+
+def _drop_clamps(x: Expr, done: dict[int, tuple[Expr, Expr]]) -> Expr:
+    hit = done.get(id(x))
+    if hit is not None:
+        return hit[1]
+    kids = children(x)
+    new = [_drop_clamps(k, done) for k in kids]
+    out = rebuild(x, new) if any(n is not k for n, k in zip(new, kids)) else x
+    if isinstance(out, Bin) and out.op in ("max", "min") and is_float(out.dtype) and _c(out.b) is not None:
+        lo, hi = float_range(out.a)
+        if (out.op == "max" and lo >= _c(out.b)) or (out.op == "min" and hi <= _c(out.b)):
+            out = out.a
+    done[id(x)] = (x, out)
+    return out

@@ -63,8 +63,10 @@ def pack_blocked_conv(w: np.ndarray, nr: int, in_block: int, depthwise: bool) ->
         return np.ascontiguousarray(w.reshape(co // nr, nr, kh, kw).transpose(0, 2, 3, 1))
     if in_block:
         panels = -(-co // nr)  # an NCHW output's last panel is zero-padded
-        wpad = np.zeros((panels * nr,) + w.shape[1:], w.dtype)
-        wpad[:co] = w
+        wpad = w
+        if co % nr:
+            wpad = np.zeros((panels * nr,) + w.shape[1:], w.dtype)
+            wpad[:co] = w
         return np.ascontiguousarray(wpad.reshape(panels, nr, ci // in_block, in_block, kh, kw)
                                     .transpose(0, 2, 4, 5, 3, 1))
     return pack(w.reshape(co, -1).T, nr).reshape((co // nr,) + w.shape[1:] + (nr,))
