@@ -331,15 +331,21 @@ def rebuild(e: Expr, kids: list[Expr]) -> Expr:
 
 _ATOMS = (Var, Sym, LocalRef)
 _NO_ATOMS: frozenset[Expr] = frozenset()
+_LEAF_ATOMS: dict[Expr, frozenset[Expr]] = {}  # Var / Sym → {itself}: as many as there are distinct names
 
 
 def atoms(e: Expr) -> frozenset[Expr]:
     """The Vars, Syms and LocalRefs under `e` (itself included), memoized on the node: a subtree without any of a
     substitution's variables is returned as it is instead of being rebuilt (schedules substitute whole bodies per
     unrolled point: Winograd's 16 input-transform stores)."""
-    if isinstance(e, _ATOMS):  # not memoized: a set holding its own node would be a reference cycle
+    if isinstance(e, _ATOMS):  # not memoized on the node: a set holding its own node would be a reference cycle
         kids = children(e)
-        return frozenset((e,)).union(*map(atoms, kids)) if kids else frozenset((e,))
+        if kids:  # a LocalRef's slot
+            return frozenset((e,)).union(*map(atoms, kids))
+        got = _LEAF_ATOMS.get(e)
+        if got is None:
+            got = _LEAF_ATOMS[e] = frozenset((e,))
+        return got
     got = e.__dict__.get("_atoms")
     if got is None:
         kids = children(e)
