@@ -132,6 +132,31 @@ def test_saving_over_a_mapped_file_leaves_its_executable_intact(tmp_path) -> Non
     assert [f for f in os.listdir(tmp_path) if f != "m.kiln"] == []  # no temporary file left behind
 
 
+def _weighted(values: dict[str, np.ndarray]) -> onnx.ModelProto:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 512])
+    nodes = [helper.make_node("MatMul", ["x", "big"], ["t"]), helper.make_node("Add", ["t", "small"], ["y"])]
+    inits = [numpy_helper.from_array(v, k) for k, v in values.items()]
+    return helper.make_model(helper.make_graph(nodes, "w", [x], [y], inits), ir_version=8)
+
+
+def test_model_identity_tells_weights_apart() -> None:
+    """The cache key hashes large initializers (≥ HASHED_TENSOR_BYTES, their raw bytes) and keeps small ones whole:
+    one changed element in either makes another identity; equal models, the same one."""
+    from kiln.compiler import HASHED_TENSOR_BYTES, model_identity
+    rng = np.random.default_rng(0)
+    big = rng.standard_normal((64, 512), dtype=np.float32)  # 128 KiB
+    small = rng.standard_normal(512, dtype=np.float32)
+    assert big.nbytes >= HASHED_TENSOR_BYTES > small.nbytes
+    base = model_identity(_weighted({"big": big, "small": small}))
+    assert model_identity(_weighted({"big": big.copy(), "small": small.copy()})) == base
+    assert len(base) < big.nbytes  # the large tensor entered as its digest
+    for name in ("big", "small"):
+        changed = {"big": big.copy(), "small": small.copy()}
+        changed[name].flat[7] += 1.0
+        assert model_identity(_weighted(changed)) != base, name
+
+
 def test_compile_cache_hit_is_fast_and_equal(tmp_path, monkeypatch) -> None:  # noqa: ANN001
     monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
     from kiln import zoo
