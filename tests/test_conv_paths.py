@@ -111,3 +111,39 @@ def test_short_reduction_conv_with_residual_epilogue(width: str) -> None:
     (k,) = [k for k in c.program.kernels if "conv" in k.name]
     assert "tile" in str(k)
     check(model, {"x": x, "r": r}, TOL, target=width)
+
+
+def test_1x1_tile_rows_over_row_ends_address_affinely(width: str) -> None:
+    """A 1×1 conv on a blocked 7×7 plane whose register tile's rows run over the output rows' ends (pixel p of the
+    tile read at [cb, p // 7 + r, p % 7 + q, c], r and q its size-1 window loops): the input's flat index folds back
+    to p·stride, affine in the tile's unrolled row — one row pointer and constant offsets, not a division, a
+    remainder and a pointer per row (resnet50's last 1×1 convs: 63 spill instructions → 5)."""
+    from onnx import helper
+
+    from kiln.kernel.analysis import coef, flat_index
+    from kiln.kernel.ir import Bin, Load, Loop, atoms, walk, walk_stmts
+
+    x = rand(1, 64, 7, 7, seed=1)
+    nodes = [helper.make_node("Conv", ["x", "w0", "b0"], ["t"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["t"], ["r"]),
+             helper.make_node("Conv", ["r", "w1", "b1"], ["u"]),  # the 1×1 conv blocked in and out
+             helper.make_node("Relu", ["u"], ["v"]),
+             helper.make_node("Conv", ["v", "w2", "b2"], ["y"])]
+    consts = {"w0": rand(96, 64, 3, 3, seed=2), "b0": rand(96, seed=3), "w1": rand(64, 96, 1, 1, seed=4),
+              "b1": rand(64, seed=5), "w2": rand(32, 64, 1, 1, seed=6), "b2": rand(32, seed=7)}
+    model = make_model(nodes, {"x": x}, ["y"], consts)
+    split = []
+    for k in lower(model, resolve(width), 2, {}, stop_after="kernels").program.kernels:
+        unrolled = {s.var for s in walk_stmts(k.body) if isinstance(s, Loop) and s.kind == "unroll"}
+        loads = {ld for s in walk_stmts(k.body) for e in _exprs(s) for ld in walk(e) if isinstance(ld, Load)}
+        split += [(k, ld, v) for ld in loads for i in ld.index for d in walk(i) if isinstance(d, Bin) and d.op == "//"
+                  for v in atoms(d) & unrolled]
+    assert split or width == "sse", "no tile row splits pixels into rows: this test would check nothing"
+    for k, ld, v in split:
+        assert coef(flat_index(ld.index, k.buffer(ld.buf).shape), v) is not None, (k.name, ld)
+    check(model, {"x": x}, TOL, target=width)
+
+
+def _exprs(s):  # noqa: ANN001, ANN202 - a statement's expressions
+    from kiln.kernel.ir import Assign, Store
+    return [s.value, *s.index] if isinstance(s, Store) else [s.value] if isinstance(s, Assign) else []

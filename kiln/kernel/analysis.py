@@ -75,11 +75,22 @@ def flat_index(index: tuple[Expr, ...], shape: tuple[int, ...]) -> Expr:
             terms.append((i, stride))
         stride *= d
     terms = _fold_div_mod(terms)
+    split = [(a, s) for i, s in terms for a in _addends(i)]
+    if len(split) > len(terms):
+        # (x // c + r)·(c·s) + (x % c + q)·s: a 1×1 conv's pixel p split into (row, column) with its window offsets
+        # (r, q: size-1 loops) added — folded per addend, p·s is affine in an unrolled tile's row
+        folded = _fold_div_mod(split)
+        if len(folded) < len(split):
+            terms = folded
     flat: Expr | None = None
     for i, s in terms:
         term = i if s == 1 else i * s
         flat = term if flat is None else term + flat
     return flat if flat is not None else Const(0, "int64")
+
+
+def _addends(e: Expr) -> list[Expr]:
+    return _addends(e.a) + _addends(e.b) if isinstance(e, Bin) and e.op == "+" else [e]
 
 
 def _fold_div_mod(terms: list[tuple[Expr, int]]) -> list[tuple[Expr, int]]:
