@@ -117,7 +117,7 @@ def test_1x1_tile_rows_over_row_ends_address_affinely(width: str) -> None:
     """A 1×1 conv on a blocked 7×7 plane whose register tile's rows run over the output rows' ends (pixel p of the
     tile read at [cb, p // 7 + r, p % 7 + q, c], r and q its size-1 window loops): the input's flat index folds back
     to p·stride, affine in the tile's unrolled row — one row pointer and constant offsets, not a division, a
-    remainder and a pointer per row (resnet50's last 1×1 convs: 63 spill instructions → 5)."""
+    remainder and a pointer per row (resnet50's 7×7 1×1 convs: 63 stack references → 5)."""
     from onnx import helper
 
     from kiln.kernel.analysis import coef, flat_index
