@@ -734,6 +734,7 @@ def test_int8_library_strategy(library: str) -> None:
 
 
 # -- cross ISAs (qemu) -----------------------------------------------------------------------------------------------
+@pytest.mark.same_under_bounds_check
 @pytest.mark.parametrize("features,instr", [("+neon,+fp-armv8,+dotprod", "sdot"),
                                             ("+neon,+fp-armv8,+dotprod,+i8mm", "smmla"),
                                             pytest.param("+neon,+fp-armv8", None, marks=pytest.mark.slow)])
@@ -770,6 +771,7 @@ def _s8_tile_cases(*matmuls: tuple[tuple[int, ...], int]) -> list[tuple[str, onn
     return cases
 
 
+@pytest.mark.same_under_bounds_check
 @pytest.mark.parametrize("bounds_check", [False, True], ids=["fast", "bounds-checked"])
 def test_int8_smmla_tile_under_qemu(tmp_path, bounds_check: bool) -> None:  # noqa: ANN001
     """Direct emission's 2×2-block tile (SMMLA, schedule/mmla.py) at its edges: K with an odd last group and a
@@ -798,6 +800,7 @@ def test_int8_smmla_tile_under_qemu(tmp_path, bounds_check: bool) -> None:  # no
             assert ("smmla" in asm, "sdot" in asm) == ((True, False) if label == "mmla" else (False, not bounds_check))
 
 
+@pytest.mark.same_under_bounds_check
 @pytest.mark.parametrize("target", ["aarch64-sve", "aarch64-sme"])
 def test_int8_tiles_on_scalable_aarch64_under_qemu(tmp_path, target: str) -> None:  # noqa: ANN001
     """An SVE (or SME) target runs an integer GEMM's packed tile, and an int8 conv in the blocked layout, in 128-bit
@@ -843,6 +846,7 @@ def test_cross_bounds_check_refuses_scalable_targets(tmp_path) -> None:  # noqa:
     assert not (tmp_path / "m.o").exists()
 
 
+@pytest.mark.same_under_bounds_check
 def test_int8_mobilenetv2_on_sve_under_qemu(tmp_path) -> None:  # noqa: ANN001
     """kiln.quantize's int8 mobilenetv2 built for SVE with i8mm (blocked int8 convs, depthwise and 1×1 on the NEON
     tile, SMMLA) gives, under qemu at VL 256, exactly the outputs the host's build of the same model gives (integer
@@ -867,6 +871,7 @@ def test_int8_mobilenetv2_on_sve_under_qemu(tmp_path) -> None:  # noqa: ANN001
     assert "smmla" in (tmp_path / "sve" / "model.s").read_text()
 
 
+@pytest.mark.same_under_bounds_check
 @pytest.mark.parametrize("features,method", [("+neon,+fp-armv8,+dotprod", "sdot"),
                                             ("+neon,+fp-armv8,+dotprod,+i8mm", "i8mm")])
 def test_int8_ukernel_aarch64_under_qemu(tmp_path, features: str, method: str) -> None:  # noqa: ANN001
@@ -891,6 +896,7 @@ def test_int8_ukernel_aarch64_under_qemu(tmp_path, features: str, method: str) -
         assert f"kiln_ukr_{method}_s8s8_" in asm and ("smmla" in asm) == (method == "i8mm"), name
 
 
+@pytest.mark.same_under_bounds_check
 @pytest.mark.parametrize("vlen", [128, 256])
 def test_int8_riscv_under_qemu(tmp_path, vlen: int) -> None:  # noqa: ANN001
     """RVV: the integer anchors on widening multiply-adds (vwmacc.vx / vwmaccsu.vx), requantized to u8 through a 32-bit
