@@ -19,6 +19,7 @@ from kiln.runtime.amx import ensure, usable
 from kiln.target import resolve
 from kiln.ukernels.amx import (
     DTYPES,
+    PREFETCH_BYTES,
     RELEASE,
     amx_kernel,
     config_bytes,
@@ -34,9 +35,9 @@ ENTRY_T = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, I64, ctypes.c
                            I64, I64, I64, I64, I64, I64, ctypes.c_int32)
 
 
-def load(dtype: str, mt: int, nt: int, mr: int, kb: int | None = None):
+def load(dtype: str, mt: int, nt: int, mr: int, kb: int | None = None, prefetch: int = PREFETCH_BYTES):
     """The kernel behind an external entry that loads its tile configuration, calls it and releases the tiles."""
-    kern = amx_kernel(dtype, mt, nt, mr, kb)
+    kern = amx_kernel(dtype, mt, nt, mr, kb, prefetch)
     args = ("ptr %a0, ptr %a1, i64 %lda, ptr %b, ptr %c, i64 %ldc, i64 %n2, i64 %s2, i64 %n1, i64 %s1, i64 %n0, "
             "i64 %s0, i32 %acc")
     ir = (config_ir(dtype, mr, kern.kb) + release_ir() + kern.ir_text
@@ -74,9 +75,12 @@ def check(dtype: str, got: np.ndarray, want: np.ndarray, k: int, absprod: np.nda
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("mt,nt,mr", [(2, 2, 16), (1, 2, 7), (2, 1, 5), (1, 1, 16)])
-def test_gemm_block(dtype: str, mt: int, nt: int, mr: int) -> None:
-    """A row-major A (lda = K·size, one K axis of K/KB steps), accumulate = 0 then 1."""
-    kern, _code, fn = load(dtype, mt, nt, mr)
+@pytest.mark.parametrize("prefetch", [PREFETCH_BYTES, 0])
+def test_gemm_block(dtype: str, mt: int, nt: int, mr: int, prefetch: int) -> None:
+    """A row-major A (lda = K·size, one K axis of K/KB steps), accumulate = 0 then 1; B prefetched ahead (past its
+    end: a prefetch never faults) or not."""
+    kern, _code, fn = load(dtype, mt, nt, mr, prefetch=prefetch)
+    assert ("llvm.prefetch" in kern.ir_text) == bool(prefetch)
     size, pair = DTYPES[dtype][:2]
     steps = 3
     k, rows, n = steps * kern.kb, mt * mr, nt * 16

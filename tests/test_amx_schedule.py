@@ -74,10 +74,11 @@ _CALLBACK = EMUL_T(_emulate)
 @pytest.fixture
 def emulated_amx(monkeypatch: pytest.MonkeyPatch) -> None:
     """AMX 'usable', its tile kernels forwarding to _emulate, configuration and release no-ops."""
-    def kernel(dtype: str, mt: int = 2, nt: int = 2, mr: int = 16, kb: int | None = None) -> AMXKernel:
+    def kernel(dtype: str, mt: int = 2, nt: int = 2, mr: int = 16, kb: int | None = None,
+               prefetch: int = 0) -> AMXKernel:
         kb = kb or TILE_BYTES // DTYPES[dtype][0]
         KERNELS.append((dtype, mt, nt, mr, kb))
-        name = kernel_name(dtype, mt, nt, mr, kb)
+        name = kernel_name(dtype, mt, nt, mr, kb, prefetch)
         ir = (f"define internal void @{name}({ARGS}) {{\n"
               f"  call void @kiln_test_amx_emulated(i64 {len(KERNELS) - 1}, ptr %A0, ptr %A1, i64 %lda, ptr %B, "
               "ptr %C, i64 %ldc, i64 %n2, i64 %sa2, i64 %n1, i64 %sa1, i64 %n0, i64 %sa0, i32 %acc)\n  ret void\n}\n"

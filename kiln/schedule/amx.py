@@ -90,7 +90,7 @@ from kiln.schedule.primitives import rename
 from kiln.schedule.tile import flatten_rows
 from kiln.schedule.ukernel import _eval_index, merge_channel_blocks
 from kiln.target import Target
-from kiln.ukernels.amx import RELEASE, amx_kernel, config_ir, config_name, release_ir
+from kiln.ukernels.amx import PREFETCH_BYTES, RELEASE, amx_kernel, config_ir, config_name, release_ir
 
 KB = 32            # bf16 K values per step: one 64-byte A tile row
 MAX_MR = 16
@@ -165,7 +165,8 @@ def schedule_amx(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
     """The AMX nest of a bf16 anchor or of an integer one (schedule/int8.py), or None where it does not apply.
     Knobs (schedule/config.py; every point computes the same C blocks, each whole in one kernel call): `amx_order`
     — panels fastest (the block's A tiles serve every panel) or row blocks fastest (each panel's B read once), by
-    default panels where all of B fits half of L2 —, and `amx_parts` — parallel parts per thread (4)."""
+    default panels where all of B fits half of L2 —, `amx_parts` — parallel parts per thread (4) —, and
+    `amx_prefetch` — how far ahead in B the tile kernel prefetches (ukernels/amx.py; 0: not)."""
     if not options.get("amx", True) or target.arch != "x86_64" or not usable(target.features):
         return None
     if c.hints.get("depthwise") or (c.store is not None and len(c.store) != 1):  # (one flat index: stored as the axes)
@@ -482,7 +483,7 @@ def _nest(k: Kernel, c: Compute, red: Reduce, b: Load, b_base: Expr, rows: Rows,
 
     def segment(o_of: dict[Expr, Expr], q0: Expr, kern_mt: int, kern_mr: int, j: Expr) -> list[Stmt]:
         """One kernel call on rows q0 .. q0 + MT·MR and panel j, then the epilogue."""
-        kern = amx_kernel(dt, kern_mt, nt, kern_mr, kb)
+        kern = amx_kernel(dt, kern_mt, nt, kern_mr, kb, prefetch)
         k.extern_ir[kern.name] = kern.ir_text
         a0 = Addr(a_buf, (substitute(rows.a_flat, {q: q0, **o_of}),))
         a1 = Addr(a_buf, (substitute(rows.a_flat, {q: q0 + kern_mr, **o_of}),)) if kern_mt == 2 else a0
@@ -509,6 +510,7 @@ def _nest(k: Kernel, c: Compute, red: Reduce, b: Load, b_base: Expr, rows: Rows,
     panel_fastest = dec.knob("amx_order", "panels" if b_bytes <= target.l2_bytes // 2 else "blocks",
                              ("panels", "blocks")) == "panels"
     parts_per_thread = dec.knob("amx_parts", PARTS_PER_THREAD, (1, 2, 4, 8)) if threads > 1 else PARTS_PER_THREAD
+    prefetch = dec.knob("amx_prefetch", PREFETCH_BYTES, (0, 2048, 4096, 6144, 8192, 12288))  # B bytes ahead
     edges: list[tuple[int, int]] = []   # (first row, rows): tiles of at most MR rows past the whole blocks
     q_edge = n_blocks * block
     while q_edge < M:
