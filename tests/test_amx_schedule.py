@@ -161,7 +161,8 @@ def test_bf16_amx_schedule_emulated(emulated_amx: None, name: str) -> None:
 
 @pytest.mark.parametrize("case", [0, 2], ids=["conv3x3", "matmul"])
 def test_int8_amx_knobs(emulated_amx: None, case: int, tmp_path) -> None:
-    """The AMX nest is a space (schedule/amx.py knobs `amx_order`, `amx_parts`): its default point is the heuristic's
+    """The AMX nest is a space (schedule/amx.py knobs `amx_order`, `amx_parts`, `amx_prefetch`): its default point is
+    the heuristic's
     nest, and random points, applied by kiln.compile as tuning records, give onnxruntime's result exactly (every
     point computes the same C blocks, each whole in one tile-kernel call)."""
     import random
@@ -179,7 +180,7 @@ def test_int8_amx_knobs(emulated_amx: None, case: int, tmp_path) -> None:
     w = max(workloads_of(kernels_of(m, t, 2, {})), key=lambda x: x.flops)
     space = Space(w.kernel, t, 2, {})
     names = {k.split(":")[1] for k in space.default}
-    assert {"amx_order", "amx_parts"} <= names, sorted(space.default)
+    assert {"amx_order", "amx_parts", "amx_prefetch"} <= names, sorted(space.default)
     plain, dflt = fresh(w.kernel), fresh(w.kernel)
     schedule_kernel(plain, t, 2, {})
     schedule_kernel(dflt, t, 2, {}, Decisions(space.default, strict=True))
@@ -204,7 +205,8 @@ def test_int8_amx_knobs(emulated_amx: None, case: int, tmp_path) -> None:
 @pytest.mark.skipif(not usable(resolve("host").features), reason="needs AMX")
 def test_int8_amx_candidates_measured() -> None:
     """The tuner's measuring child runs AMX candidates (it requests the tile permission first: without it the first
-    tile instruction is SIGILL); each point's outputs are the default's, bit for bit."""
+    tile instruction is SIGILL); each point's outputs are the default's, bit for bit — the panel order, and the tile
+    kernel's prefetch of B off (the default prefetches 6 KiB ahead, past B's end too)."""
     from kiln.tune.measure import Measurer, build_candidate
     from kiln.tune.space import Space
     from kiln.tune.tuner import kernels_of
@@ -215,9 +217,12 @@ def test_int8_amx_candidates_measured() -> None:
     w = max(workloads_of(kernels_of(m, t, 2, {})), key=lambda x: x.flops)
     space = Space(w.kernel, t, 2, {})
     order = next(k for k in space.knobs if k.endswith(":amx_order"))
+    prefetch = next(k for k in space.knobs if k.endswith(":amx_prefetch"))
+    assert space.default[prefetch] > 0
+    points = [{order: "panels"}, {order: "blocks"}, {prefetch: 0}]
     with Measurer(timeout_s=30.0) as meas:
-        results = [meas.measure(build_candidate(w.kernel, t, 2, {}, {**space.default, order: v}), t, 2)
-                   for v in ("panels", "blocks")]
-    assert [r.status for r in results] == ["ok", "ok"], [r.detail for r in results]
-    a, b = (r.outputs for r in results)
-    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+        results = [meas.measure(build_candidate(w.kernel, t, 2, {}, {**space.default, **p}), t, 2) for p in points]
+    assert [r.status for r in results] == ["ok"] * 3, [r.detail for r in results]
+    a = results[0].outputs
+    for r in results[1:]:
+        assert a.keys() == r.outputs.keys() and all(np.array_equal(a[k], r.outputs[k]) for k in a)
