@@ -162,9 +162,8 @@ def test_bf16_amx_schedule_emulated(emulated_amx: None, name: str) -> None:
 @pytest.mark.parametrize("case", [0, 2], ids=["conv3x3", "matmul"])
 def test_int8_amx_knobs(emulated_amx: None, case: int, tmp_path) -> None:
     """The AMX nest is a space (schedule/amx.py knobs `amx_order`, `amx_parts`, `amx_prefetch`): its default point is
-    the heuristic's
-    nest, and random points, applied by kiln.compile as tuning records, give onnxruntime's result exactly (every
-    point computes the same C blocks, each whole in one tile-kernel call)."""
+    the heuristic's nest, and random points, applied by kiln.compile as tuning records, give onnxruntime's result
+    exactly (every point computes the same C blocks, each whole in one tile-kernel call)."""
     import random
 
     from test_tune import db_with_best
