@@ -36,7 +36,7 @@ PASS_OPTIONS: tuple[str, ...] = ("quantize_qdq", "fold_constants", "recognize_ge
                                  "fuse_elementwise", "fuse_epilogue", "fuse_axes", "vectorize", "register_tile",
                                  "prefetch", "pack_operands", "parallel", "memory_reuse", "amx", "dpbf16",
                                  "mmla", "compact_rows", "fuse_winograd", "thread_parts",
-                                 "fuse_rows", "transpose_blocks")
+                                 "fuse_rows", "transpose_blocks", "kernel_families")
 # switches that only matter for a bf16 or int8 build (`kiln bench --ablate` skips them for an fp32 build)
 PRECISION_OPTIONS: tuple[str, ...] = ("lower_precision", "amx", "dpbf16", "mmla")
 
@@ -129,6 +129,7 @@ def lower_graph(graph: Graph, target: Target, num_threads: int, options: dict[st
                 trace: Trace | None = None, stop_after: str = "object", bounds_check: bool = False,
                 t0: float | None = None, tuning: Any = None, jobs: int = 1) -> Compiled:
     """Steps 2–9 of `lower` on a graph that is already imported (and has its strategies assigned)."""
+    from kiln.codegen.families import merge_families
     from kiln.codegen.jit import emit_object, opt_level, optimize
     from kiln.codegen.module import build_module_text
     from kiln.codegen.split import split_kernels, start_units
@@ -173,7 +174,8 @@ def lower_graph(graph: Graph, target: Target, num_threads: int, options: dict[st
         fuse_winograd(prog)                                                  #     their products, block by block
     tr("kernels", prog)
     units = split_kernels(prog, jobs if stop_after == "object" else 1, bounds_check)  # 5. kernels → compile units
-    building = start_units(prog, units, target, jobs) if len(units) > 1 else None  # forked: IR, -O3, object each
+    families = options.get("kernel_families", True)                         #     (a unit: IR, families, -O3, object)
+    building = start_units(prog, units, target, jobs, families) if len(units) > 1 else None  # forked, one per core
     try:
         plan = plan_memory(prog, reuse=options.get("memory_reuse", True))   # 6. static memory plan (meanwhile)
         if dims is not None:                                                 #    (symbolic: at the upper bounds)
@@ -192,6 +194,8 @@ def lower_graph(graph: Graph, target: Target, num_threads: int, options: dict[st
         times.update({f"{k}_cpu": v for k, v in cpu.items()})
         return out
     out.llvm_ir, out.kernel_functions = build_module_text(prog, plan, target, bounds_check)  # 7. ONE LLVM module
+    if families:                                                             # 7b. functions equal up to constants:
+        out.llvm_ir = merge_families(out.llvm_ir)                            #     one each (codegen/families.py)
     tr("llvm", out.llvm_ir)
     lap("codegen")
     if stop_after == "llvm":

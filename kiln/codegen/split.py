@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import signal
 import time
 from collections.abc import Callable
 from typing import Any
 
 from kiln.codegen import jit
-from kiln.codegen.module import build_module_text, build_unit_text, distinct_kernels
+from kiln.codegen.families import merge_families
+from kiln.codegen.module import build_module_text, build_unit_text, distinct_kernels, kernel_key
 from kiln.kernel.build import Program
 from kiln.kernel.ir import Assign, Const, If, Kernel, Loop, Store, walk
 from kiln.runtime.memory import MemoryPlan
@@ -46,21 +48,32 @@ def compile_jobs() -> int:
 
 def split_kernels(prog: Program, jobs: int, bounds_check: bool = False) -> list[list[int]]:
     """Compile units: lists of indices of distinct kernels. One unit (all kernels, the single module) unless the
-    work is worth spreading over `jobs` processes."""
+    work is worth spreading over `jobs` processes. Kernels that may share a function (`family_key`) go to one unit."""
     distinct, _ = distinct_kernels(prog)
     if jobs < 1 or bounds_check or not hasattr(os, "fork") or len(distinct) < MIN_KERNELS:
         jobs = 1
-    n = min(len(distinct), jobs * UNITS_PER_JOB) if jobs > 1 else 1
+    groups: dict[str, list[int]] = {}
+    for i in distinct:
+        groups.setdefault(family_key(prog.kernels[i]), []).append(i)
+    n = min(len(groups), jobs * UNITS_PER_JOB) if jobs > 1 else 1
     if n == 1:
         return [distinct]
     units: list[list[int]] = [[] for _ in range(n)]
     work = [0] * n
     size = {i: KERNEL_OVERHEAD + emitted_size(prog.kernels[i]) for i in distinct}
-    for i in sorted(distinct, key=lambda i: -size[i]):  # stable: ties in program order
+    cost = {key: max(size[i] for i in g) + KERNEL_OVERHEAD * (len(g) - 1) for key, g in groups.items()}
+    for key in sorted(groups, key=lambda key: -cost[key]):  # stable: ties in program order
         u = work.index(min(work))
-        units[u].append(i)
-        work[u] += size[i]
+        units[u] += groups[key]
+        work[u] += cost[key]
     return [sorted(u) for u in units]
+
+
+def family_key(k: Kernel) -> str:
+    """Kernels whose functions may form one family (codegen/families.py: equal up to constants): the same text up to
+    its numbers. A guess made before codegen — the family pass decides on the LLVM IR — so that a family's members
+    are compiled in one unit, where they can share."""
+    return re.sub(r"\d+", "#", kernel_key(k))
 
 
 def emitted_size(k: Kernel) -> int:
@@ -94,19 +107,19 @@ class UnitBuild:
     """Compile units being built by forked processes (`start_units`) while this process goes on with the memory plan;
     `finish` builds the entry module here and collects the units' objects."""
 
-    def __init__(self, prog: Program, units: list[list[int]], target: Target, jobs: int) -> None:
-        self.prog, self.units, self.target = prog, units, target
+    def __init__(self, prog: Program, units: list[list[int]], target: Target, jobs: int, families: bool) -> None:
+        self.prog, self.units, self.target, self.families = prog, units, target, families
         self.counter = _Counter()
         # this process builds no unit itself: its memory plan and entry module overlap the workers' LLVM time, and
         # llvmlite IR built here would leave ~10^5 objects in reference cycles, whose collection after the compile
         # cost resnet50 0.2 s
-        self.workers = [_fork(lambda: _work(prog, units, target, self.counter.take))
+        self.workers = [_fork(lambda: _work(prog, units, target, families, self.counter.take))
                         for _ in range(min(jobs, len(units)))]
 
     def finish(self, plan: MemoryPlan) -> tuple[list[bytes], list[str], dict[str, float]]:
         """The entry module's object first, then one object per unit; the function each kernel call calls; and the
         CPU seconds spent in codegen and LLVM over all processes."""
-        prog, units, target, workers = self.prog, self.units, self.target, self.workers
+        prog, units, target, families, workers = self.prog, self.units, self.target, self.families, self.workers
         try:
             t = time.process_time()
             text, called = build_module_text(prog, plan, target, split=True)
@@ -121,7 +134,8 @@ class UnitBuild:
             self.close()
         for u in range(len(units)):  # a unit no worker delivered (one crashed, or raised): built here, errors raised
             if u not in done:
-                done.update({v: rest for v, *rest in _work(prog, units, target, iter([u, len(units)]).__next__)})
+                again = iter([u, len(units)]).__next__
+                done.update({v: rest for v, *rest in _work(prog, units, target, families, again)})
         for _, codegen_s, llvm_s in done.values():
             cpu["codegen"] += codegen_s
             cpu["llvm"] += llvm_s
@@ -136,9 +150,10 @@ class UnitBuild:
         self.workers = []
 
 
-def start_units(prog: Program, units: list[list[int]], target: Target, jobs: int) -> UnitBuild:
-    """Fork the processes that build the compile units; the kernels must be scheduled already."""
-    return UnitBuild(prog, units, target, jobs)
+def start_units(prog: Program, units: list[list[int]], target: Target, jobs: int, families: bool = True) -> UnitBuild:
+    """Fork the processes that build the compile units; the kernels must be scheduled already. `families`: a unit's
+    functions equal up to constants compiled once (codegen/families.py)."""
+    return UnitBuild(prog, units, target, jobs, families)
 
 
 class _Counter:
@@ -155,12 +170,15 @@ class _Counter:
             return u
 
 
-def _work(prog: Program, units: list[list[int]], target: Target, take: Callable[[], int]) -> list[tuple]:
+def _work(prog: Program, units: list[list[int]], target: Target, families: bool,
+          take: Callable[[], int]) -> list[tuple]:
     """Build the units `take` hands out until it hands out len(units): (unit, object, codegen s, llvm s) each."""
     out = []
     while (u := take()) < len(units):
         t = time.process_time()
         text = build_unit_text(prog, units[u], target)
+        if families:
+            text = merge_families(text)
         t1 = time.process_time()
         obj = jit.emit_object(jit.optimize(text, target, jit.opt_level(prog.dims is not None)), target, reloc=RELOC)
         out.append((u, obj, t1 - t, time.process_time() - t1))
