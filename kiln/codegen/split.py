@@ -61,7 +61,9 @@ def split_kernels(prog: Program, jobs: int, bounds_check: bool = False) -> list[
     units: list[list[int]] = [[] for _ in range(n)]
     work = [0] * n
     size = {i: KERNEL_OVERHEAD + emitted_size(prog.kernels[i]) for i in distinct}
-    cost = {key: max(size[i] for i in g) + KERNEL_OVERHEAD * (len(g) - 1) for key, g in groups.items()}
+    # a group at its members' sum: whether they share one function is decided on their IR (resnet50: 4 of 6 groups);
+    # counting merged groups at their largest member instead measured no better (resnet50, 12 interleaved compiles)
+    cost = {key: sum(size[i] for i in g) for key, g in groups.items()}
     for key in sorted(groups, key=lambda key: -cost[key]):  # stable: ties in program order
         u = work.index(min(work))
         units[u] += groups[key]
