@@ -16,11 +16,11 @@ After:
 
 Only i64 operands of scalar integer arithmetic and comparisons become arguments (`PARAMETRIC`): never a type, a
 vector, an alignment, a shuffle mask, an intrinsic's immediate or a getelementptr offset (those fold into the
-addressing of unrolled vector code, where a register per offset spilled — mobilenetv2 int8's depthwise family ran
-1.4× slower). A family takes at most `MAX_ARGS` arguments: beyond them the unrolled bodies' constants are what
-differ (Winograd products, 21), and arguments past the six in registers are loads. resnet50: 27% fewer lines of IR
-uncapped, 20% at 12 — its LLVM time 2.10 → 1.62 CPU-s uncapped; outputs bitwise equal, run time within the noise
-(A/B interleaved, the families' kernels against the others'). The pass is on LLVM IR text: it sees exactly what
+addressing of unrolled vector code; as arguments each costs a register or a stack load there — a 3-kernel family of
+mobilenetv2 int8 took 22 arguments and ran 1.4× slower). A family takes at most `MAX_ARGS` arguments: beyond them
+it is the unrolled bodies' constants that differ (Winograd: 21 and 14), and arguments past six are stack loads.
+resnet50: 20% fewer lines of IR (27% uncapped), LLVM 2.75 → 2.27 CPU-s; outputs bitwise equal, run time within the
+noise (A/B interleaved, the families' kernels against the others'). The pass is on LLVM IR text: it sees exactly what
 LLVM will compile, after every codegen decision, and needs no knowledge of how a constant arose."""
 from __future__ import annotations
 
