@@ -14,10 +14,15 @@ RULE = "─" * 100
 
 
 def _function_text(llvm: str, name: str) -> str:
-    """The text of one function (and its outlined parallel workers) from a module."""
+    """The text of one function (and its outlined parallel workers) from a module; and of the kernel families they
+    call (codegen/families.py: a member's body is a call to its family's function)."""
     out = []
     for m in re.finditer(r"^define [^\n]*@\"?(" + re.escape(name) + r"(\.par\d+)?)\"?\(.*?^}", llvm, re.M | re.S):
         out.append(m.group(0))
+    for family in dict.fromkeys(re.findall(r'call void @"([^"]+\.family)"\(', "\n".join(out))):
+        m = re.search(r'^define [^\n]*@"' + re.escape(family) + r'"\(.*?^}', llvm, re.M | re.S)
+        if m:
+            out.append(m.group(0))
     return "\n\n".join(out) or f"(function {name} not found)"
 
 

@@ -17,6 +17,7 @@ from conftest import check, make_model, rand, run_kiln
 from kiln.codegen import jit, split
 from kiln.codegen.families import merge_families
 from kiln.compiler import lower
+from kiln.explain import explain
 from kiln.target import host, resolve
 
 TOL = 1e-4
@@ -97,9 +98,12 @@ def _bottleneck() -> tuple:
     """1×1 convs with ReLU at 14×14, 64 → 64 → 256 → 64 channels: a ResNet bottleneck without its 3×3 (two of its
     convs come out of codegen equal up to their channel counts, at every x86 width)."""
     x = rand(1, 64, 14, 14, seed=1)
-    nodes = [helper.make_node("Conv", ["x", "w0", "b0"], ["a"]), helper.make_node("Relu", ["a"], ["b"]),
-             helper.make_node("Conv", ["b", "w1", "b1"], ["c"]), helper.make_node("Relu", ["c"], ["d"]),
-             helper.make_node("Conv", ["d", "w2", "b2"], ["e"]), helper.make_node("Relu", ["e"], ["y"])]
+    nodes = [helper.make_node("Conv", ["x", "w0", "b0"], ["a"], name="conv0"),
+             helper.make_node("Relu", ["a"], ["b"], name="relu0"),
+             helper.make_node("Conv", ["b", "w1", "b1"], ["c"], name="conv1"),
+             helper.make_node("Relu", ["c"], ["d"], name="relu1"),
+             helper.make_node("Conv", ["d", "w2", "b2"], ["e"], name="conv2"),
+             helper.make_node("Relu", ["e"], ["y"], name="relu2")]
     consts = {"w0": rand(64, 64, 1, 1, seed=2), "b0": rand(64, seed=3), "w1": rand(256, 64, 1, 1, seed=4),
               "b1": rand(256, seed=5), "w2": rand(64, 256, 1, 1, seed=6), "b2": rand(64, seed=7)}
     return make_model(nodes, {"x": x}, ["y"], consts), {"x": x}
@@ -127,3 +131,15 @@ def test_model_family_at_every_width(width: str, units: int, monkeypatch: pytest
     without = run_kiln(model, feeds, target=width, kernel_families=False)
     if with_families is not None:
         np.testing.assert_array_equal(with_families[0], without[0])
+
+
+def test_explain_shows_the_family_a_member_calls() -> None:
+    """`kiln explain` on a member kernel prints the family's function too, not only the call."""
+    model, _ = _bottleneck()
+    members = 0
+    for node in ("conv0", "conv1", "conv2"):
+        text = explain(model, node=node, stages=["llvm"], num_threads=2)
+        for family in re.findall(r'call void @"([^"]+\.family)"\(', text):
+            members += 1
+            assert re.search(r'^define internal void @"' + re.escape(family) + r'"\(', text, re.M), text
+    assert members >= 2
