@@ -23,9 +23,9 @@ from kiln.target import host, resolve
 TOL = 1e-4
 
 
-def _loop(name: str, trip: int, scale: int, offset: int = 0) -> str:
+def _loop(name: str, trip: int, scale: int, offset: int = 0, attrs: str = "noinline") -> str:
     """out[i + offset] = i * scale + base for i < trip."""
-    return f'''define internal void @"{name}"(ptr %".1", i64 %".2") noinline
+    return f'''define internal void @"{name}"(ptr %".1", i64 %".2") {attrs}
 {{
 entry:
   br label %"head"
@@ -90,6 +90,8 @@ def test_what_must_stay_constant_stays() -> None:
     two_args = _module([("a", 5, 7, 0), ("b", 9, 3, 0)])
     assert merge_families(two_args, max_args=1) == two_args
     assert merge_families(_module([("a", 5, 7, 0)])) == _module([("a", 5, 7, 0)])  # one function: no family
+    inlined = _loop("a", 5, 7, 0, "alwaysinline") + _loop("b", 9, 3, 0, "alwaysinline")
+    assert merge_families(inlined) == inlined  # to be inlined where called: nothing to share
     out = _run(offsets, ["a", "b"])
     assert list(out["b"][3:8]) == [1000, 1007, 1014, 1021, 1028]
 

@@ -69,7 +69,7 @@ def merge_families(text: str, max_args: int = MAX_ARGS) -> str:
 def _family(members: list[tuple[re.Match[str], list[str]]], params: str, attrs: str,
             max_args: int) -> tuple[str, list[str]] | None:
     """The family's function and each member's call to it; None: nothing to share, or too many arguments."""
-    if len(members) < 2:
+    if len(members) < 2 or "alwaysinline" in attrs:  # meant to be inlined where called: nothing to share
         return None
     first = members[0][1]
     literals = [[_OPERAND.findall(ln) if PARAMETRIC.match(ln) else [] for ln in lines] for _, lines in members]
