@@ -16,6 +16,7 @@ from onnx import helper
 from conftest import check, make_model, rand, run_kiln
 from kiln.codegen import jit, split
 from kiln.codegen.families import merge_families
+from kiln.codegen.module import build_unit_text
 from kiln.compiler import lower
 from kiln.explain import explain
 from kiln.target import host, resolve
@@ -129,6 +130,8 @@ def test_model_family_at_every_width(width: str, units: int, monkeypatch: pytest
             for j in unit_of:
                 if split.family_key(prog.kernels[i]) == split.family_key(prog.kernels[j]):
                     assert unit_of[i] == unit_of[j]
+        texts = [merge_families(build_unit_text(prog, unit, resolve(width))) for unit in dealt]  # as the workers do
+        assert any(re.search(r'^define internal void @"[^"]+\.family"', t, re.M) for t in texts)
     with_families = check(model, feeds, TOL, target=width)
     without = run_kiln(model, feeds, target=width, kernel_families=False)
     if with_families is not None:

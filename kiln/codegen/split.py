@@ -7,9 +7,11 @@ object — while this process plans memory and builds the entry module (`kiln_ma
 symbols; `UnitBuild.finish`). The objects come back through a pipe; MCJIT links them (`jit.LoadedObject`). A unit a
 worker did not deliver (it crashed, or raised) is built here, so its error surfaces as if compiled in one process.
 
-Kernels are dealt largest first, each to the unit with the least work so far (by `emitted_size`, which tracks their
-codegen + LLVM time), so the units cost about the same; several units per process leave at most one small unit of
-imbalance at the end (dealt round-robin in program order, resnet50's largest unit cost three times its smallest).
+Kernels are dealt largest first (those that may form a kernel family, `family_key`, together: codegen/families.py
+merges them within a module), each to the unit with the least work so far (by `emitted_size`, which tracks their
+codegen + LLVM time), so the units cost about the same (less where a family merges); several units per process
+leave at most one small unit of imbalance at the end (dealt round-robin in program order, resnet50's largest unit
+cost three times its smallest).
 A model with few kernels, a debug build (`bounds_check`), or a single core keeps one module
 (cross targets always do: their object is linked with a C driver)."""
 from __future__ import annotations
