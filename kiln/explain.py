@@ -13,16 +13,17 @@ from kiln.target import resolve
 RULE = "─" * 100
 
 
+def _definitions(llvm: str, names: str) -> list[str]:
+    """The text of each function of the module whose name matches the regex `names`."""
+    return [m.group(0) for m in re.finditer(r"^define [^\n]*@\"?(" + names + r")\"?\(.*?^}", llvm, re.M | re.S)]
+
+
 def _function_text(llvm: str, name: str) -> str:
     """The text of one function (and its outlined parallel workers) from a module; and of the kernel families they
     call (codegen/families.py: a member's body is a call to its family's function)."""
-    out = []
-    for m in re.finditer(r"^define [^\n]*@\"?(" + re.escape(name) + r"(\.par\d+)?)\"?\(.*?^}", llvm, re.M | re.S):
-        out.append(m.group(0))
+    out = _definitions(llvm, re.escape(name) + r"(\.par\d+)?")
     for family in dict.fromkeys(re.findall(r'call void @"([^"]+\.family)"\(', "\n".join(out))):
-        m = re.search(r'^define [^\n]*@"' + re.escape(family) + r'"\(.*?^}', llvm, re.M | re.S)
-        if m:
-            out.append(m.group(0))
+        out += _definitions(llvm, re.escape(family))
     return "\n\n".join(out) or f"(function {name} not found)"
 
 
