@@ -18,7 +18,7 @@ import pytest
 from onnx import helper
 
 import kiln
-from conftest import C, assert_close, check, make_model, op_model, rand, run_ort, width_runs
+from conftest import C, assert_close, check, make_model, nest_stmts, op_model, rand, run_ort, width_runs
 from kiln.compiler import check_options, lower
 from kiln.schedule.config import Decisions, IllegalConfig
 from kiln.schedule.default import schedule_kernel
@@ -830,3 +830,39 @@ def test_space_has_the_low_precision_strategy_knob() -> None:
         cand = space.realize({**space.default, knob.name: "ukernel"})
         assert cand is not None and any(k.endswith(":ukr_mr") for k in cand.config), (what, cand and cand.config)
         assert not any(k.endswith(":mr") for k in cand.config), what
+
+
+@pytest.mark.parametrize("kind", ["ukernel", "amx"])
+def test_cost_model_reads_the_low_precision_microkernel_calls(width: str, kind: str,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cost model's multiply-adds of an int8 GEMM built on the dot-product microkernel (kiln/ukernels/dot.py,
+    `kiln_ukr_<method>_u8s8_<MR>x<NR>`) and on AMX tile kernels (`kiln_amx_u8s8_…`) are the GEMM's own 2·M·N·K,
+    read from the calls' names and step arguments (the tuner's search of a QDQ model stopped with an IndexError at
+    the first such candidate: only the float kernels' names were parsed). AMX schedules are built on any host
+    (the calls are analysed, not run)."""
+    from test_ops_quant import qlinear_matmul_model
+
+    import kiln.schedule.amx as amx_schedule
+    from kiln.tune.cost import features_of, raw_sums
+
+    if kind == "amx":
+        if width != "avx512":
+            pytest.skip("AMX tiles sit beside AVX-512 only")
+        monkeypatch.setattr(amx_schedule, "usable", lambda features: True)
+    t = resolve(width)
+    m, k, n = 64, 128, 96
+    a = np.random.default_rng(0).integers(0, 255, (m, k)).astype(np.uint8)
+    opts = {"amx": kind == "amx"}
+    w = max(workloads_of(kernels_of(qlinear_matmul_model(a, n), t, 2, opts)), key=lambda w: w.flops)
+    space = Space(w.kernel, t, 2, opts)
+    point = dict(space.default)
+    if kind == "ukernel":
+        point[next(name for name in space.knobs if name.endswith(":strategy"))] = "ukernel"
+    cand = space.realize(point)
+    assert cand is not None
+    calls = [s.fn for s in nest_stmts(cand.kernel.body) if type(s).__name__ == "Call"]
+    prefix = "kiln_amx_u8s8_" if kind == "amx" else "kiln_ukr_"
+    assert any(fn.startswith(prefix) for fn in calls), calls
+    # (plus rows padded up to the tile and the requantizing epilogue's few operations per output)
+    assert 2 * m * n * k <= raw_sums(cand.kernel, t, 2)["flops"] < 1.1 * 2 * m * n * k, calls
+    assert all(np.isfinite(features_of(cand.kernel, t, 2)))

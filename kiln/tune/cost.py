@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -214,25 +215,34 @@ class _Walker:
             a.hot = (flops, list(loops), acc_regs, float(step), ws)
 
     def call(self, s: Call, loops: list[_Ctx]) -> None:
-        """A microkernel call: kiln_ukr_<isa>_f32_<MR>x<NR>(A, B, C, ldc, K, acc) is an MR×NR×K FMA tile."""
-        a = self.acc
-        if not s.fn.startswith("kiln_ukr_"):
+        """A microkernel call as an MR×NR×K tile of `steps` vector instructions per row and vector:
+        kiln_ukr_<isa>_f32_<MR>x<NR>…(A, B, C, ldc, K, …) (float FMA); kiln_ukr_<method>_<ab>_<MR>x<NR>(A, lda,
+        rows, B, C, ldc, n2, sa2, n1, sa1, n0, sa0, K4) (8-bit / bf16 dot products, a group of 4 / 2 per lane);
+        kiln_amx_<dtype>_<MT>x<NT>_m<MR>_k<KB>…(A0, A1, lda, B, C, ldc, n2, sa2, n1, sa1, n0, sa0, 0) (AMX tiles:
+        one tile product per tile pair and step). Other calls (tile configuration, release) are not work."""
+        shape = ukernel_shape(s.fn)
+        if shape is None:
             return
+        a = self.acc
         a.ukernel = True
-        tile = s.fn.split("_f32_")[1].split("_")[0]
-        mr, nr = (int(x) for x in tile.split("x"))
-        k_len = self.bound(s.args[4])
+        mr, nr, group, elem_bytes = shape
+        if group == 0:  # float FMA: K is the fifth argument, one element per instruction
+            k_len, group = self.bound(s.args[4]), 1
+        else:           # dot / AMX: n2·n1·n0 steps of K4 groups (the AMX kernel: of one group, KB elements)
+            steps = self.bound(s.args[6]) * self.bound(s.args[8]) * self.bound(s.args[10])
+            k_len = steps * group * (self.bound(s.args[12]) if s.fn.startswith("kiln_ukr_") else 1)
+        k_len = max(1, k_len)
         iters = self._iters(loops)
         nvec = max(1, nr // self.native)
         flops = 2.0 * mr * nr * k_len * iters
         a.flops += flops
-        a.fma_vec += mr * nvec * k_len * iters
-        a.lane_work += mr * nr * k_len * iters
-        a.lane_slots += mr * nvec * self.native * k_len * iters
-        a.bcasts += mr * k_len * iters
-        a.loads += nvec * k_len * iters
+        a.fma_vec += mr * nvec * k_len * iters / group
+        a.lane_work += mr * nr * k_len * iters / group
+        a.lane_slots += mr * nvec * self.native * k_len * iters / group
+        a.bcasts += mr * k_len * iters / group
+        a.loads += nvec * k_len * iters / group
         a.stores += mr * nvec * iters
-        step_bytes = (mr + nr) * 4.0
+        step_bytes = (mr + nr) * float(elem_bytes)
         nest = list(loops) + [_Ctx(Var("uk"), k_len, "serial", 1)]  # the kernel's K loop, innermost
         ws = [step_bytes * float(np.prod([c.trip for c in nest[len(nest) - j:]])) if j else step_bytes
               for j in range(len(nest) + 1)]
@@ -242,6 +252,25 @@ class _Walker:
         a.acc_regs = max(a.acc_regs, acc_regs)
         if a.hot is None or flops > a.hot[0]:
             a.hot = (flops, nest, acc_regs, float(nvec + 1), ws)
+
+
+UKERNEL_NAMES = (  # the microkernel families' names → (MR, NR, K elements per lane group, bytes per element)
+    (re.compile(r"kiln_ukr_[a-z0-9]+_f32_(\d+)x(\d+)"), lambda m: (int(m[1]), int(m[2]), 0, 4)),
+    (re.compile(r"kiln_ukr_[a-z0-9]+_(u8s8|s8s8|bf16)_(\d+)x(\d+)"),
+     lambda m: (int(m[2]), int(m[3]), 2 if m[1] == "bf16" else 4, 2 if m[1] == "bf16" else 1)),
+    (re.compile(r"kiln_amx_([a-z0-9]+)_(\d)x(\d)_m(\d+)_k(\d+)"),
+     lambda m: (int(m[2]) * int(m[4]), int(m[3]) * 16, int(m[5]), 2 if m[1] == "bf16" else 1)),
+)
+
+
+def ukernel_shape(fn: str) -> tuple[int, int, int, int] | None:
+    """(MR, NR, group, element bytes) of a microkernel by its name — group 0: a float FMA kernel (K an argument);
+    for an AMX kernel the K elements of one step — or None for a call that is not a microkernel's."""
+    for pattern, shape in UKERNEL_NAMES:
+        m = pattern.match(fn)
+        if m:
+            return shape(m)
+    return None
 
 
 def _log2(x: float) -> float:
