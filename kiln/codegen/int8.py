@@ -160,10 +160,6 @@ def _window_row(em, e: LaneDot4, n: int) -> ir.Value | None:  # noqa: ANN001
     at = em.element_ptr(ptr, flat, I8)
     guarded = any(isinstance(x, Select) for x in taps)
     fill = em.splat(ir.Constant(I8, int(fills.pop()) if fills else 0), 64)
-    if guarded:
-        cv = ir.Constant(ir.VectorType(I1, 4), None)
-        for q, c in enumerate(conds):
-            cv = em.b.insert_element(cv, c, ir.Constant(I32, q))
     masked_load = em._decl("llvm.masked.load.v64i8.p0", ir.VectorType(I8, 64),
                            [PTR, I32, ir.VectorType(I1, 64), ir.VectorType(I8, 64)])
 
@@ -174,9 +170,15 @@ def _window_row(em, e: LaneDot4, n: int) -> ir.Value | None:  # noqa: ANN001
         if not guarded and span >= 64:
             return em.b.load(p, typ=ir.VectorType(I8, 64), align=1)
         sel = [(offset + o) // e.stride if offset + o < span and (offset + o) % e.stride < n else 4 for o in range(64)]
-        if guarded:
-            mask = em.b.shuffle_vector(cv, ir.Constant(ir.VectorType(I1, 4), None),
-                                       ir.Constant(ir.VectorType(I32, 64), sel))
+        if guarded:  # the 64-bit mask as an integer: each tap's bits where it is in bounds, OR-ed (a k-register
+            # move; a <4 x i1> shuffled out to 64 lanes went through byte vectors and spilled mask registers)
+            bits: ir.Value = ir.Constant(I64, 0)
+            for q, c in enumerate(conds):
+                pattern = sum(1 << o for o in range(64) if sel[o] == q)
+                pattern -= (pattern >> 63) << 64  # as a signed i64
+                if pattern:
+                    bits = em.b.or_(bits, em.b.select(c, ir.Constant(I64, pattern), ir.Constant(I64, 0)))
+            mask = em.b.bitcast(bits, ir.VectorType(I1, 64))
         else:  # a span shorter than 64 bytes (16 lanes): one load under a constant mask, not a 48-byte vector
             mask = ir.Constant(ir.VectorType(I1, 64), [int(t < 4) for t in sel])
         return em.b.call(masked_load, [p, ir.Constant(I32, 1), mask, fill])
