@@ -107,6 +107,26 @@ def test_qlinear_conv(width: str, xdt: str, per_channel: bool) -> None:
     compare(qlinear_conv_model(x, 16, 1, xdt, per_channel), {"x": x}, target=width)
 
 
+@pytest.mark.parametrize("y_scale", [0.2, 1e-30])
+def test_requantize_saturates(width: str, y_scale: float) -> None:
+    """A uint8 requantizing epilogue clamps to [0, 255] — on AVX-512 as max(x, 0), the convert, and a truncation
+    with unsigned saturation (vpmovusdb; codegen/exprs.py `_saturating_u8`), so values past int32's range (an output
+    scale of 1e-30: every product ≥ 2^31 steps) must still land on 255 and negatives on 0, as in onnxruntime."""
+    x = rand(1, 8, 9, 7, lo=0, hi=255, dtype="uint8")
+    m = qlinear_conv_model(x, 16, 1, "uint8", True)
+    for init in m.graph.initializer:
+        if init.name == "ys":
+            init.CopyFrom(numpy_helper.from_array(np.array(y_scale, np.float32), "ys"))
+    got = compare(m, {"x": x}, target=width)
+    if got is not None and y_scale < 1e-20:
+        assert set(np.unique(got[0])) == {0, 255}, np.unique(got[0])
+    t = resolve(width)
+    if "avx512f" in features_on(t.features):
+        low = lower(m, t, 2, check_options({}), stop_after="llvm")
+        asm = emit_assembly(optimize(low.llvm_ir, t), t)
+        assert "vpmovusdb" in asm and "vminps" not in asm, "the saturating epilogue"
+
+
 def test_qlinear_conv_depthwise_odd_channels(width: str) -> None:
     x = rand(1, 16, 7, 7, lo=-128, hi=127, dtype="int8")
     compare(qlinear_conv_model(x, 16, 16, "int8", True, stride=2), {"x": x}, target=width)

@@ -52,6 +52,10 @@ from kiln.target import features_on
 # the integer types a rounding convert (ExprEmitter.cast) produces through 32 bits (a clamp before it makes them fit)
 _LRINT_TO = ("int32", "int8", "uint8")
 
+
+def _const_is(e: Expr, value: float) -> bool:
+    return isinstance(e, Const) and float(e.value) == value
+
 _FCMP = {"<": "<", "<=": "<=", "==": "==", "!=": "!=", ">": ">", ">=": ">="}
 _LIBM_UNARY = {"exp": "llvm.exp", "log": "llvm.log", "sqrt": "llvm.sqrt", "sin": "llvm.sin", "cos": "llvm.cos",
                "floor": "llvm.floor", "ceil": "llvm.ceil", "round": "llvm.roundeven", "tanh": "llvm.tanh",
@@ -427,7 +431,47 @@ class ExprEmitter(MemoryAccess):
         return isinstance(a, Un) and a.op == "round" and a.a.dtype == "float32" and e.dtype in _LRINT_TO and \
             getattr(self.target, "arch", None) == "x86_64"
 
+    def _saturating_u8(self, e: Cast) -> tuple[Expr, int] | None:
+        """A requantizing epilogue's uint8(clamp(round(y) + zp, 0, 255)) — or uint8(round(clamp(y, 0, 255))), `/ 1.0`
+        after the clamp — on AVX-512: (y, zp) for `cast` to emit as lrint(max(y, −zp)) + zp (cvtps2dq: out of
+        int32's range, and NaN, 0x80000000 — above 255 unsigned, as the values they stand for) and a truncation with
+        unsigned saturation (vpmovusdb): five operations per vector where the float clamp took seven (a round, an
+        add and a min fewer). None where the form does not hold."""
+        if e.dtype != "uint8" or self.target is None or self.target.arch != "x86_64" or \
+                "avx512f" not in features_on(self.target.features):
+            return None
+        x, rounded = e.a, False
+        if isinstance(x, Un) and x.op == "round" and x.a.dtype == "float32":
+            x, rounded = x.a, True
+            if isinstance(x, Bin) and x.op == "/" and isinstance(x.b, Const) and x.b.value == 1.0:
+                x = x.a
+        if not (isinstance(x, Bin) and x.op == "min" and _const_is(x.b, 255.0) and isinstance(x.a, Bin) and
+                x.a.op == "max" and _const_is(x.a.b, 0.0) and x.a.dtype == "float32"):
+            return None
+        y, zp = x.a.a, 0
+        if rounded:
+            return y, 0
+        if isinstance(y, Bin) and y.op == "+" and isinstance(y.b, Const) and float(y.b.value).is_integer() and \
+                0 <= y.b.value <= 255:
+            y, zp = y.a, int(y.b.value)
+        return (y.a, zp) if isinstance(y, Un) and y.op == "round" and y.a.dtype == "float32" else None
+
     def cast(self, e: Cast) -> tuple[ir.Value, bool]:
+        saturating = self._saturating_u8(e)
+        if saturating is not None:
+            y, zp = saturating
+            x, vec = self.ev(Bin("max", y, Const(float(-zp))))
+            i32 = ir.VectorType(ir.IntType(32), x.type.count) if vec else ir.IntType(32)
+            lanes = f"v{x.type.count}" if vec else ""
+            name = f"llvm.lrint.{lanes}i32.{lanes}f32"
+            fn = self.m.globals.get(name) or ir.Function(self.m, ir.FunctionType(i32, [x.type]), name)
+            r = self.b.call(fn, [x])
+            if zp:
+                r = self.b.add(r, ir.Constant(i32, [zp] * x.type.count) if vec else ir.Constant(i32, zp))
+            top = ir.Constant(i32, [255] * x.type.count) if vec else ir.Constant(i32, 255)
+            r = self.b.select(self.b.icmp_unsigned("<", r, top), r, top)
+            u8 = ir.IntType(8)
+            return self.b.trunc(r, ir.VectorType(u8, x.type.count) if vec else u8), vec
         if self._rounding_convert(e):
             x, vec = self.ev(e.a.a)  # type: ignore[attr-defined]  (e.a is the round: _rounding_convert)
             i32 = ir.VectorType(ir.IntType(32), x.type.count) if vec else ir.IntType(32)
