@@ -187,6 +187,15 @@ def _window_row(em, e: LaneDot4, n: int) -> ir.Value | None:  # noqa: ANN001
     offsets = [(q if q < len(taps) else 0) * e.stride + i for i in range(n) for q in range(4)]
     if span <= 64:
         row = load64(0)
+        if 4 * n == 64:  # one vpermb: as a shuffle with constant indices (which InstCombine makes of the intrinsic
+            # too) LLVM 22 emits vpermd + vpshufb, two shuffles on port 5 — 29% of the port-5 cycles of mobilenetv2
+            # int8's 144-channel depthwise convs (16-channel blocks) by llvm-mca. The indices pass through an empty
+            # asm, opaque to the optimizer (and free: the constant is loaded into a register once)
+            byte64 = ir.VectorType(I8, 64)
+            opaque = ir.InlineAsm(ir.FunctionType(byte64, [byte64]), "", "=v,0")
+            permute = em._decl("llvm.x86.avx512.permvar.qi.512", byte64, [byte64, byte64])
+            index = em.b.call(opaque, [ir.Constant(byte64, offsets)], attrs=("nounwind", "readnone"))
+            return em.b.call(permute, [row, index])
         return em.b.shuffle_vector(row, row, ir.Constant(ir.VectorType(I32, 4 * n), offsets))
     # two overlapping loads, the second ending at the span's last byte (never past the taps' reads)
     lo, hi = load64(0), load64(span - 64)
