@@ -14,6 +14,7 @@ CLASSES = ("vector FMA", "vector load", "vector store", "vector other", "scalar 
            "branch")
 
 _VREG = re.compile(r"%[xyz]mm\d+|%k\d")
+_DOT = re.compile(r"^v?p?dp[a-z0-9]+$|^vpmadd")  # vpdpbusd, vpdpwssd, vdpbf16ps, vpmaddwd: no scalar forms
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,9 @@ def _mem_dest(i: Insn) -> bool:  # AT&T: the destination is the last operand
 RULES: list[tuple[Callable[[Insn], bool], str]] = [
     (lambda i: i.mnemonic.startswith("j") or i.mnemonic in ("call", "ret", "loop"), "branch"),
     (lambda i: "broadcast" in i.mnemonic and "(" in i.operands, "vector load"),  # vbroadcastss mem: a load
+    # multiply-accumulates: the 8-bit / 16-bit / bf16 dot products (before the scalar rule: vpdpbusd ends in "sd"),
+    # then float FMAs — an int8 kernel's hot loop is the one with the most of these, not the longest
+    (lambda i: bool(_VREG.search(i.operands)) and _DOT.search(i.mnemonic) is not None, "vector FMA"),
     (lambda i: bool(_VREG.search(i.operands)) and re.search(r"(ss|sd)$", i.mnemonic) is not None
         and "broadcast" not in i.mnemonic, "scalar FP"),
     (lambda i: bool(_VREG.search(i.operands)) and re.search(r"fn?m(add|sub)", i.mnemonic) is not None, "vector FMA"),

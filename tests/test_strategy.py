@@ -127,6 +127,10 @@ def test_asm_hot_loop_and_classes() -> None:
     by = {i.text: classify(i) for i in insns}
     assert by["vmovups\t%zmm0, (%rdi)"] == "vector store"
     assert by["vaddss\t%xmm0, %xmm1, %xmm1"] == "scalar FP"
+    # the dot products are multiply-accumulates too (an int8 / bf16 kernel's hot loop is chosen by them)
+    for mnemonic in ("vpdpbusd", "vpdpwssd", "vdpbf16ps", "vpmaddwd", "vpmaddubsw"):
+        assert classify(Insn(mnemonic, "%zmm1, %zmm2, %zmm3")) == "vector FMA", mnemonic
+    assert classify(Insn("vpermd", "%zmm1, %zmm2, %zmm3")) == "vector other"
 
 
 def test_asm_vector_spills() -> None:
