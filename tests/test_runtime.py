@@ -71,6 +71,35 @@ def test_save_and_load_without_recompiling(exe: kiln.Executable, tmp_path) -> No
     assert loaded.input_names == ["x"] and loaded.output_names == ["y"]
 
 
+def test_save_and_load_each_width(width: str, tmp_path) -> None:  # noqa: ANN001
+    """A .kiln compiled for a narrower x86 width of this host (`kiln compile --target avx2` on an AVX-512 host) loads
+    and runs here, as kiln.compile(target=width) runs (load compared the key with the host's alone and refused it);
+    one for another machine's target is refused at load, naming both."""
+    import json
+    import zipfile
+
+    from conftest import emit_only, width_runs
+
+    if not width_runs(width):
+        emit_only(small_model(), width)
+        pytest.skip(f"{width}: emitted only, this host cannot run it")
+    exe = kiln.compile(small_model(), target=width, num_threads=2, cache=False)
+    path = str(tmp_path / f"{width}.kiln")
+    exe.save(path)
+    x = np.random.default_rng(3).standard_normal((2, 19)).astype(np.float32)
+    np.testing.assert_array_equal(kiln.load(path).run({"x": x})[0], exe.run({"x": x})[0])
+    with zipfile.ZipFile(path) as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    meta = json.loads(members["meta.json"])
+    meta["target_key"] = meta["target_key"].replace("|", "|other-cpu-", 1)
+    foreign = tmp_path / "foreign.kiln"
+    with zipfile.ZipFile(foreign, "w") as z:
+        for n, data in members.items():
+            z.writestr(n, json.dumps(meta) if n == "meta.json" else data)
+    with pytest.raises(ValueError, match="compiled for another target .*other-cpu-.*not this host"):
+        kiln.load(str(foreign))
+
+
 def test_load_rejects_garbage(tmp_path) -> None:  # noqa: ANN001
     p = tmp_path / "bad.kiln"
     p.write_bytes(b"not a zip")

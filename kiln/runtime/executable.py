@@ -293,12 +293,27 @@ class Executable:
                     weights = z.read("weights.bin")
         except (zipfile.BadZipFile, KeyError, OSError, json.JSONDecodeError) as e:
             raise ValueError(f"{path} is not a saved Kiln executable: {e}") from None
-        target = host()
-        if meta.get("target_key") != target.key:
-            raise ValueError(f"{path} was compiled for another target ({meta.get('target_key')}), not this host")
+        target = _runnable_target(meta.get("target_key"))
+        if target is None:
+            raise ValueError(f"{path} was compiled for another target ({meta.get('target_key')}), not this host "
+                             f"({host().key}) nor a narrower x86 width of it (kiln compile --target avx2 / sse)")
         if num_threads is not None:
             meta["num_threads"] = num_threads
         return Executable(objs, weights, meta, target)
+
+
+def _runnable_target(key: str | None) -> Target | None:
+    """The target a saved executable was compiled for, if this host runs its code: the host's own, or one of its
+    narrower x86 widths (`kiln compile --target avx2` on an AVX-512 host); None otherwise."""
+    from kiln.target import X86_WIDTHS, host, host_with
+
+    h = host()
+    if key == h.key:
+        return h
+    if h.arch == "x86_64":
+        return next((t for t in map(host_with, X86_WIDTHS.values()) if t.vector_bits < h.vector_bits and t.key == key),
+                    None)
+    return None
 
 
 PAGE = 4096
