@@ -386,6 +386,16 @@ def test_rgb_stem_quantize_reorders_rows(width: str, c: int, w: int) -> None:
     low = lower(q, resolve(width), 2, check_options({}), stop_after="llvm")
     assert any("toblocked" in k.name for k in low.program.kernels)
     assert "masked.gather" not in low.llvm_ir, "the reorder's row loads are gathers (clamped indices?)"
+    t = resolve(width)
+    if t.vector_bits == 512 and c == 3:  # 16 4-byte pixels interleaved by one permute of one register, not a
+        # butterfly of byte and word unpacks (codegen/transpose.py interleave_in_one_register; 24 channels: blocks
+        # of 8 bytes, two registers' worth — the butterfly)
+        from kiln.asm import function_asm
+
+        name = next(k.name for k in low.program.kernels if "toblocked" in k.name)
+        asm = function_asm(emit_assembly(optimize(low.llvm_ir, t), t), [name])
+        assert "vpermt2b" in asm or "vpermb" in asm, asm[:3000]
+        assert not re.search(r"vpunpck[lh]bw", asm), "the reorder's interleave as unpacks"
     if width_runs(width):
         exe = kiln.compile(q, target=width, num_threads=2, cache=False)
         for f in samples(m, 2, 3):
