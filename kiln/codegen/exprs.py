@@ -52,14 +52,14 @@ from kiln.target import features_on
 # the integer types a rounding convert (ExprEmitter.cast) produces through 32 bits (a clamp before it makes them fit)
 _LRINT_TO = ("int32", "int8", "uint8")
 
-
-def _const_is(e: Expr, value: float) -> bool:
-    return isinstance(e, Const) and float(e.value) == value
-
 _FCMP = {"<": "<", "<=": "<=", "==": "==", "!=": "!=", ">": ">", ">=": ">="}
 _LIBM_UNARY = {"exp": "llvm.exp", "log": "llvm.log", "sqrt": "llvm.sqrt", "sin": "llvm.sin", "cos": "llvm.cos",
                "floor": "llvm.floor", "ceil": "llvm.ceil", "round": "llvm.roundeven", "tanh": "llvm.tanh",
                "abs": "llvm.fabs"}
+
+
+def _const_is(e: Expr, value: float) -> bool:
+    return isinstance(e, Const) and float(e.value) == value
 
 
 @dataclass
@@ -433,10 +433,11 @@ class ExprEmitter(MemoryAccess):
 
     def _saturating_u8(self, e: Cast) -> tuple[Expr, int] | None:
         """A requantizing epilogue's uint8(clamp(round(y) + zp, 0, 255)) — or uint8(round(clamp(y, 0, 255))), `/ 1.0`
-        after the clamp — on AVX-512: (y, zp) for `cast` to emit as lrint(max(y, −zp)) + zp (cvtps2dq: out of
-        int32's range, and NaN, 0x80000000 — above 255 unsigned, as the values they stand for) and a truncation with
-        unsigned saturation (vpmovusdb): five operations per vector where the float clamp took seven (a round, an
-        add and a min fewer). None where the form does not hold."""
+        after the clamp — on AVX-512: (y, zp) for `cast` to emit as lrint(max(y, −zp)) + zp (cvtps2dq: past
+        int32's range 0x80000000, above 255 unsigned as the value it stands for) and a truncation with unsigned
+        saturation (vpmovusdb): five operations per vector where the float clamp took seven (a round, an add and a
+        min fewer). A NaN (a NaN scale) becomes 255 here, 0 through the float clamp. None where the form does not
+        hold."""
         if e.dtype != "uint8" or self.target is None or self.target.arch != "x86_64" or \
                 "avx512f" not in features_on(self.target.features):
             return None
