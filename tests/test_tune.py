@@ -843,6 +843,7 @@ def test_cost_model_reads_the_low_precision_microkernel_calls(width: str, kind: 
     from test_ops_quant import qlinear_matmul_model
 
     import kiln.schedule.amx as amx_schedule
+    from kiln.kernel.ir import Call
     from kiln.tune.cost import features_of, raw_sums
 
     if kind == "amx":
@@ -860,7 +861,7 @@ def test_cost_model_reads_the_low_precision_microkernel_calls(width: str, kind: 
         point[next(name for name in space.knobs if name.endswith(":strategy"))] = "ukernel"
     cand = space.realize(point)
     assert cand is not None
-    calls = [s.fn for s in nest_stmts(cand.kernel.body) if type(s).__name__ == "Call"]
+    calls = [s.fn for s in nest_stmts(cand.kernel.body) if isinstance(s, Call)]
     prefix = "kiln_amx_u8s8_" if kind == "amx" else "kiln_ukr_"
     assert any(fn.startswith(prefix) for fn in calls), calls
     # (plus rows padded up to the tile and the requantizing epilogue's few operations per output)
