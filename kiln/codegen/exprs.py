@@ -457,29 +457,33 @@ class ExprEmitter(MemoryAccess):
             y, zp = y.a, int(y.b.value)
         return (y.a, zp) if isinstance(y, Un) and y.op == "round" and y.a.dtype == "float32" else None
 
+    def _lrint(self, x: ir.Value, vec: bool) -> ir.Value:
+        """float32 → int32 rounding half to even in the default mode: `llvm.lrint`, one cvtps2dq on x86."""
+        i32 = ir.VectorType(ir.IntType(32), x.type.count) if vec else ir.IntType(32)
+        lanes = f"v{x.type.count}" if vec else ""
+        name = f"llvm.lrint.{lanes}i32.{lanes}f32"
+        fn = self.m.globals.get(name) or ir.Function(self.m, ir.FunctionType(i32, [x.type]), name)
+        return self.b.call(fn, [x])
+
     def cast(self, e: Cast) -> tuple[ir.Value, bool]:
         saturating = self._saturating_u8(e)
         if saturating is not None:
             y, zp = saturating
             x, vec = self.ev(Bin("max", y, Const(float(-zp))))
-            i32 = ir.VectorType(ir.IntType(32), x.type.count) if vec else ir.IntType(32)
-            lanes = f"v{x.type.count}" if vec else ""
-            name = f"llvm.lrint.{lanes}i32.{lanes}f32"
-            fn = self.m.globals.get(name) or ir.Function(self.m, ir.FunctionType(i32, [x.type]), name)
-            r = self.b.call(fn, [x])
+            r = self._lrint(x, vec)
+
+            def const(v: int) -> ir.Constant:
+                return splat_constant(r.type, v) if vec else ir.Constant(r.type, v)
+
             if zp:
-                r = self.b.add(r, ir.Constant(i32, [zp] * x.type.count) if vec else ir.Constant(i32, zp))
-            top = ir.Constant(i32, [255] * x.type.count) if vec else ir.Constant(i32, 255)
+                r = self.b.add(r, const(zp))
+            top = const(255)
             r = self.b.select(self.b.icmp_unsigned("<", r, top), r, top)
             u8 = ir.IntType(8)
             return self.b.trunc(r, ir.VectorType(u8, x.type.count) if vec else u8), vec
         if self._rounding_convert(e):
             x, vec = self.ev(e.a.a)  # type: ignore[attr-defined]  (e.a is the round: _rounding_convert)
-            i32 = ir.VectorType(ir.IntType(32), x.type.count) if vec else ir.IntType(32)
-            lanes = f"v{x.type.count}" if vec else ""
-            name = f"llvm.lrint.{lanes}i32.{lanes}f32"
-            fn = self.m.globals.get(name) or ir.Function(self.m, ir.FunctionType(i32, [x.type]), name)
-            r = self.b.call(fn, [x])
+            r = self._lrint(x, vec)
             to = SCALAR[e.dtype]
             return (r if to.width == 32 else self.b.trunc(r, ir.VectorType(to, x.type.count) if vec else to)), vec
         x, vec = self.ev(e.a)

@@ -20,6 +20,7 @@ from llvmlite import ir
 
 from kiln.codegen.access import I32, I64, MEMORY, PTR, elem_bytes, prefix_store
 from kiln.codegen.exprs import ExprEmitter
+from kiln.codegen.int8 import join_lanes, lane_slice
 from kiln.kernel.analysis import coef, flat_index
 from kiln.kernel.ir import Bin, Const, Expr, If, Load, Loop, Store, uses_var, walk
 
@@ -68,21 +69,16 @@ def interleave(b: ir.IRBuilder, vals: list[ir.Value], n: int) -> list[ir.Value]:
     return outs
 
 
-def interleave_in_one_register(b: ir.IRBuilder, vals: list[ir.Value], n: int) -> list[ir.Value]:
+def interleave_in_one_register(em: ExprEmitter, vals: list[ir.Value], n: int) -> list[ir.Value]:
     """`interleave` where the R·n elements fit one register (the 4-byte pixels of an int8 stem's blocked input: four
     <16 x i8>): the vectors concatenated, one permute, split back — where the butterfly's log2(n) stages took ~40
     shuffles per 64 bytes (mobilenetv2 int8's input quantize)."""
     R = len(vals)
     poison = ir.Constant(vals[0].type, ir.Undefined)
-    parts = list(vals) + [poison] * ((1 << (R - 1).bit_length()) - R)
-    while len(parts) > 1:  # pairwise concatenation: <2k> from two <k>
-        k = parts[0].type.count
-        cat = ir.Constant(ir.VectorType(I32, 2 * k), list(range(2 * k)))
-        parts = [b.shuffle_vector(parts[i], parts[i + 1], cat) for i in range(0, len(parts), 2)]
-    whole = b.shuffle_vector(parts[0], ir.Constant(parts[0].type, ir.Undefined),
-                             ir.Constant(ir.VectorType(I32, R * n), [(e % R) * n + e // R for e in range(R * n)]))
-    return [b.shuffle_vector(whole, ir.Constant(whole.type, ir.Undefined),
-                             ir.Constant(ir.VectorType(I32, n), list(range(q * n, (q + 1) * n)))) for q in range(R)]
+    whole = join_lanes(em, list(vals) + [poison] * ((1 << (R - 1).bit_length()) - R))
+    whole = em.b.shuffle_vector(whole, ir.Constant(whole.type, ir.Undefined), ir.Constant(
+        ir.VectorType(I32, R * n), [(e % R) * n + e // R for e in range(R * n)]))
+    return [lane_slice(em, whole, q * n, n) for q in range(R)]
 
 
 def _gather_lanes(b: ir.IRBuilder, vals: list[ir.Value], src: list[tuple[int, int]], n: int) -> ir.Value:
@@ -222,7 +218,7 @@ def transposed_store_group(b: ir.IRBuilder, em: ExprEmitter, s: Loop) -> bool:
         wide = [j for j in range(n) for _ in range(R)]
         bits = R * n * elem_bytes(mt) * 8
         one = em.target is not None and em.target.arch == "x86_64" and bits <= em.target.vector_bits and R > 1
-        for q, out in enumerate((interleave_in_one_register if one else interleave)(b, vals, n)):
+        for q, out in enumerate(interleave_in_one_register(em, vals, n) if one else interleave(b, vals, n)):
             p = b.gep(ptr, [b.add(base, ir.Constant(I64, q * n))], source_etype=mt)
             if em.vec.mask is None:
                 b.store(out, p, align=align)
