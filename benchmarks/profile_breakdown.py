@@ -3,6 +3,7 @@ GEMMs and transforms; packed-weight matmuls; the rest by op): the per-model brea
 
     python benchmarks/profile_breakdown.py resnet18 resnet50 mobilenetv2 bert_base mlp [--strategy direct]
     python benchmarks/profile_breakdown.py corpus:whisper corpus:llama:dynamo model.onnx   # corpus families, files
+    python benchmarks/profile_breakdown.py resnet50 --precision fp32,bf16   # one line per precision
 
 Each model is compiled once (2 threads), warmed up, then profiled over --runs runs through Kiln's profile
 hook; GFLOP/s are the kernels' own FLOP counts (Winograd products: the multiply-adds they really execute)."""
@@ -51,10 +52,11 @@ def main() -> None:
     p.add_argument("--strategy", default="direct")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--runs", type=int, default=20)
+    p.add_argument("--precision", default="fp32", help="fp32, bf16 or both comma-separated (precision=)")
     a = p.parse_args()
-    for name in a.models:
+    for name, precision in [(n, q) for n in a.models for q in a.precision.split(",")]:
         model, feeds = load(name)
-        c = lower(model, host(), a.threads, check_options({}), strategy=a.strategy)
+        c = lower(model, host(), a.threads, check_options({}), strategy=a.strategy, precision=precision)
         exe = executable_of(c, host(), a.threads)
         cls = {k.name: kernel_class(k.name, g) for k, g in zip(c.program.kernels, c.program.groups)}
         flops = {k.name: k.flops or 0 for k in c.program.kernels}
@@ -75,7 +77,7 @@ def main() -> None:
             if ms / total >= 0.005:
                 rate = f", {fl / ms / 1e6:.0f} GFLOP/s" if fl else ""
                 parts.append(f"{kind} ×{n} {ms:.2f} ms ({100 * ms / total:.0f}%{rate})")
-        print(f"{name} ({a.strategy}, {a.threads} threads) {total:.2f} ms: " + "; ".join(parts))
+        print(f"{name} ({a.strategy}, {precision}, {a.threads} threads) {total:.2f} ms: " + "; ".join(parts))
 
 
 if __name__ == "__main__":

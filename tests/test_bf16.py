@@ -26,7 +26,7 @@ from onnx import helper
 import kiln
 from conftest import C, make_model, op_model, rand, run_kiln, run_ort
 from kiln.codegen.dpbf16 import dpbf16_widths
-from kiln.compiler import finish_cache_writes
+from kiln.compiler import check_options, finish_cache_writes, lower
 from kiln.graph.passes.pack_weights import MIN_N
 from kiln.graph.passes.precision import pairs_only
 from kiln.runtime.amx import usable
@@ -62,10 +62,50 @@ def activation_path(width: str) -> str:
     return untaken_path(width, amx_takes=True)
 
 
+BT_ROWS = ((0, 2, -1.0), (1, 2, 1.0), (2, 1, -1.0), (1, 3, -1.0))  # Bᵀ row r: f(i) + s·f(j) (kernel/lower_winograd)
+BT = np.array([[1.0 if a == i else s if a == j else 0.0 for a in range(4)] for i, j, s in BT_ROWS])
+AT = np.array([[1.0, 1, 1, 0], [0, 1, -1, -1]])
+G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]])
+
+
+def winograd_bf16(x: np.ndarray, w: np.ndarray, pad: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The references of a bf16 Winograd F(2×2, 3×3) conv (graph/passes/winograd.py on a `pairs_only` target):
+    V = Bᵀ d B summed in float32 in the kernel's order (each step one two-term add, so rounded as Kiln rounds it),
+    then to bf16; U = G g Gᵀ in float64, to float32, to bf16; in float64 M = Σ_ci V·U and y = Aᵀ M A. Returns
+    (exact — Kiln differs from it by its float32 sums of M and of the output transform; absprod = |Aᵀ|(Σ_ci |V||U|)|A|,
+    what bf16's rounding of V and U scales with; vterm = |Aᵀ|(Σ_ci (|Bᵀ||d||B|)·|U|)|A|, what V's float32 sums' error
+    scales with when they cancel)."""
+    n, ci, h, wd = x.shape
+    oh, ow = h + 2 * pad - 2, wd + 2 * pad - 2
+    th, tw = -(-oh // 2), -(-ow // 2)
+    xp = np.zeros((n, ci, 2 * th + 2, 2 * tw + 2), np.float32)
+    xp[:, :, pad:pad + h, pad:pad + wd] = x[:, :, :2 * th + 2 - pad, :2 * tw + 2 - pad]
+    d = np.stack([np.stack([xp[:, :, a:a + 2 * th:2, b:b + 2 * tw:2] for b in range(4)], -1) for a in range(4)], -2)
+    t = np.stack([d[..., i] + np.float32(sg) * d[..., j] for i, j, sg in BT_ROWS], -1)       # t[.., a, c]
+    v = np.stack([t[..., i, :] + np.float32(sg) * t[..., j, :] for i, j, sg in BT_ROWS], -2)  # V[.., r, c]
+    absd = np.einsum("ra,...ab,cb->...rc", np.abs(BT), np.abs(d.astype(np.float64)), np.abs(BT))
+    ub = bf16(np.einsum("ra,oiab,cb->oirc", G, w.astype(np.float64), G).astype(np.float32))
+    vb = bf16(v)
+
+    def out(vv: np.ndarray, uu: np.ndarray, a: np.ndarray) -> np.ndarray:
+        m = np.einsum("nipqrc,oirc->nopqrc", vv, uu)
+        y = np.einsum("xr,nopqrc,zc->nopxqz", a, m, a).reshape(n, uu.shape[0], 2 * th, 2 * tw)
+        return y[:, :, :oh, :ow]
+    return out(vb, ub, AT), out(np.abs(vb), np.abs(ub), np.abs(AT)), out(absd, np.abs(ub), np.abs(AT))
+
+
+def takes_winograd(width: str, ci: int, co: int, k: int, s: int) -> bool:
+    """Does a bf16 conv run as Winograd at `width` (graph/passes/winograd.py: 3×3 stride 1, ≥ 32 channels each
+    side, a target whose one bf16 dot product is vdpbf16ps)?"""
+    return pairs_only(resolve(width)) and k == 3 and s == 1 and ci >= 32 and co >= 32
+
+
 def check_bf16(model: onnx.ModelProto, feeds: dict[str, np.ndarray], op, K: int, width: str,
-               bias: np.ndarray | None = None, paths: set[str] | None = None) -> dict:
+               bias: np.ndarray | None = None, paths: set[str] | None = None, winograd_pad: int | None = None) -> dict:
     """Compile with precision="bf16" for `width`, compare with both references (module docstring). `op(x, w)` is
-    the anchor in float64 on the given operands (x the input feed, w the model's weight initializer)."""
+    the anchor in float64 on the given operands (x the input feed, w the model's weight initializer). With
+    `winograd_pad` the conv is a bf16 Winograd one (3×3, that padding): its references are winograd_bf16's, the
+    float32 sums K + 9 terms long (M's, then the output transform's)."""
     got = run_kiln(model, feeds, target=width, precision="bf16")
     if got is None:
         return {}
@@ -75,6 +115,10 @@ def check_bf16(model: onnx.ModelProto, feeds: dict[str, np.ndarray], op, K: int,
     exact = op(bf16(x), bf16(w)) + b
     absprod = op(np.abs(bf16(x)), np.abs(bf16(w)))
     fp32 = op(x.astype(np.float64), w.astype(np.float64)) + b
+    vterm = 0.0
+    if winograd_pad is not None:
+        exact, absprod, vterm = winograd_bf16(x, w, winograd_pad)
+        exact, K = exact + b, K + 9
     y = got[0].astype(np.float64)
     assert got[0].dtype == np.float32 and y.shape == exact.shape
     want_paths = paths or {expected_path(width)}
@@ -86,6 +130,7 @@ def check_bf16(model: onnx.ModelProto, feeds: dict[str, np.ndarray], op, K: int,
         return exe.meta
     acc = K * F32 * absprod + F32 * np.abs(b) + 1e-30
     bad = np.abs(y - exact) > acc
+    acc = acc + 4 * F32 * vterm  # (vs float32: V's own float32 sums, which the exact reference repeats)
     assert not bad.any(), (f"{bad.sum()} of {y.size} differ from the bf16-rounded reference beyond float32 "
                            f"accumulation; worst {np.abs(y - exact).max():.3g}")
     bound = (2 * U + U * U) * absprod + acc
@@ -95,6 +140,7 @@ def check_bf16(model: onnx.ModelProto, feeds: dict[str, np.ndarray], op, K: int,
     exe = kiln.compile(model, target=width, precision="bf16", num_threads=2)
     assert set(exe.meta["precision"].values()) == (paths or {expected_path(width)}), exe.meta["precision"]
     assert exe.meta["amx"] == ("amx" in exe.meta["precision"].values())
+    assert any("winogradproduct" in k for k in exe.meta["kernels"]) == (winograd_pad is not None), exe.meta["kernels"]
     return exe.meta
 
 
@@ -186,7 +232,8 @@ def test_conv(width: str, name: str) -> None:
     # a conv whose output stays NCHW (a short reduction, < 256, with a graph output: block_layout keeps it plain)
     # would store its AMX C block transposed: it runs the emulated direct kernel (kiln/schedule/amx.py)
     paths = {untaken_path(width, amx_takes=False)} if ci * k * k < 256 else None
-    check_bf16(model, feeds, conv(s, p), ci * k * k, width, bias=b.reshape(-1, 1, 1), paths=paths)
+    pad = p if takes_winograd(width, ci, co, k, s) else None
+    check_bf16(model, feeds, conv(s, p), ci * k * k, width, bias=b.reshape(-1, 1, 1), paths=paths, winograd_pad=pad)
 
 
 def test_depthwise_stays_fp32(width: str) -> None:
@@ -201,13 +248,18 @@ def test_depthwise_stays_fp32(width: str) -> None:
     assert kiln.compile(model, target=width, precision="bf16").meta["precision"] == {}
 
 
-def test_winograd_shape_is_not_winograd_in_bf16(width: str) -> None:
-    """A 3×3 stride-1 conv the fp32 build runs through Winograd: in bf16 it is a direct (AMX) conv, correct."""
-    x, w = rand(1, 64, 16, 16, seed=11), rand(64, 64, 3, 3, seed=12, lo=-0.3, hi=0.3)
+@pytest.mark.parametrize("hw", [16, 13], ids=["even", "odd"])
+def test_winograd_in_bf16_only_beside_vdpbf16ps(width: str, hw: int) -> None:
+    """A 3×3 stride-1 conv the fp32 build runs through Winograd: in bf16 it is Winograd with vdpbf16ps products where
+    that is the target's one bf16 dot product (Zen 4: avx512 here), else a direct conv (AMX; emulated) — against
+    the matching reference and bound (winograd_bf16; an odd size: the last tiles overhang the output)."""
+    x, w = rand(1, 64, hw, hw, seed=11), rand(64, 64, 3, 3, seed=12, lo=-0.3, hi=0.3)
     model, feeds = op_model("Conv", [x, C(w)], {"pads": [1] * 4})
-    meta = check_bf16(model, feeds, conv(1, 1), 64 * 9, width)
-    if meta:
-        assert not any("inograd" in k for k in meta.get("kernels", [])), meta.get("kernels")
+    wino = takes_winograd(width, 64, 64, 3, 1)
+    meta = check_bf16(model, feeds, conv(1, 1), 64 * 9, width, winograd_pad=1 if wino else None)
+    if not meta:  # a width this CPU cannot run: its build still takes the path, object emitted
+        c = lower(model, resolve(width), 2, check_options({}), precision="bf16", stop_after="kernels")
+        assert any(n.op == "WinogradProduct" for n in c.graph.nodes) == wino
 
 
 def test_fused_chain(width: str) -> None:
@@ -263,10 +315,15 @@ def test_precision_in_cache_key(tmp_path, monkeypatch) -> None:
 
 
 
-def conv_case() -> tuple[onnx.ModelProto, dict[str, np.ndarray], np.ndarray, np.ndarray]:
-    """A 3×3 conv (K = 288) with its bf16-exact reference and Σ|x·w| per output (module docstring)."""
+def conv_case(target: str = "host") -> tuple[onnx.ModelProto, dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    """A 3×3 conv (K = 288) with its bf16-exact reference and Σ|x·w| per output (module docstring) — scaled so that
+    the float32 bound is 288·2⁻²⁴ of it — as `target` builds it: where it takes bf16 Winograd (takes_winograd)
+    the Winograd conv's references (winograd_bf16: K + 9 float32 terms, the bound's sum scaled by 297 / 288)."""
     x, w = rand(1, 32, 12, 12, seed=21), rand(48, 32, 3, 3, seed=22, lo=-0.5, hi=0.5)
     model, feeds = op_model("Conv", [x, C(w)], {"pads": [1] * 4})
+    if takes_winograd(target, 32, 48, 3, 1):
+        exact, absprod, _ = winograd_bf16(x, w, 1)
+        return model, feeds, exact, absprod * (288 + 9) / 288
     return model, feeds, conv(1, 1)(bf16(x), bf16(w)), conv(1, 1)(np.abs(bf16(x)), np.abs(bf16(w)))
 
 
@@ -279,7 +336,7 @@ def test_cross_isa_emulated(target: str, tmp_path) -> None:  # noqa: ANN001
     missing = kc.have_toolchain(t.arch)
     if missing:
         pytest.skip(missing)
-    model, feeds, exact, absprod = conv_case()
+    model, feeds, exact, absprod = conv_case(target)
     binary = kc.build_binary(model, t, str(tmp_path / "b"), precision="bf16")
     outs, _ = kc.run_qemu(binary, feeds, vlen=128)
     assert (np.abs(outs[0] - exact) <= 288 * F32 * absprod + 1e-30).all()
@@ -359,11 +416,13 @@ def test_zoo_model_vs_openvino_bf16(name: str) -> None:
 @pytest.mark.parametrize("switches", [{"amx": False}, {"amx": False, "dpbf16": False}], ids=["no-amx", "neither"])
 def test_switches_off(switches: dict[str, bool]) -> None:
     """amx=False (an AVX-512 CPU without AMX takes the same path): vdpbf16ps where the CPU has AVX512_BF16, else the
-    emulation; dpbf16=False too: the emulated kernel. The same bf16-exact result every way."""
+    emulation; dpbf16=False too: the emulated kernel. The same bf16-exact result every way (a Winograd conv where
+    the target's one bf16 dot product is vdpbf16ps: the graph pass decides by the target, conv_case)."""
     model, feeds, exact, absprod = conv_case()
     exe = kiln.compile(model, num_threads=2, precision="bf16", cache=False, **switches)
     path = "avx512bf16" if switches.get("dpbf16", True) and dpbf16_widths(resolve("host")) else "emulated"
     assert exe.meta["precision"] == {"conv_node": path} and exe.meta["amx"] is False
+    assert any("winogradproduct" in k for k in exe.meta["kernels"]) == takes_winograd("host", 32, 48, 3, 1)
     assert (np.abs(exe.run(feeds)[0] - exact) <= 288 * F32 * absprod + 1e-30).all()
 
 

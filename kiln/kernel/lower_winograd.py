@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kiln.graph.ir import Node
-from kiln.kernel.ir import Compute, Const, Expr, Load, Reduce, Select, Var, cmp
+from kiln.kernel.ir import Cast, Compute, Const, Expr, Load, Reduce, Select, Var, cmp
 from kiln.kernel.lower import Lowered, _out, guarded_window, ld, lowering
 
 
@@ -38,6 +38,8 @@ def lower_winograd_input(n: Node) -> Lowered:
     def d(a: int, bb: int) -> Expr:
         return guarded_window(x, (b, cib), (th * 2 + (a - pt), tw * 2 + (bb - pl)), (ci,))
     body = bt_row(r, lambda a: bt_row(c, lambda bb: d(a, bb)))
+    if v.dtype != x.dtype:  # a bf16 product's V (graph/passes/winograd.py): summed in float32, rounded once
+        body = Cast(v.dtype, body)
     return Lowered([Compute(v.name, ax, v.shape, body, hints={"winograd": "input"})])
 
 
@@ -48,8 +50,10 @@ def lower_winograd_product(n: Node) -> Lowered:
     (vv, u), (m, ax) = n.inputs, _out(n)
     b, r, c, cob, t, co = ax
     cib, ci = Var("rcb"), Var("rc")
+    # bf16: U in VNNI pairs, U[r, c, cob, cib, ci // 2, co, ci % 2] (the vdpbf16ps tile's form, schedule/bf16.py)
+    u_at = (r, c, cob, cib) + ((ci // 2, co, ci % 2) if len(u.shape) == 7 else (ci, co))
     body = Reduce("sum", ((cib, vv.shape[3]), (ci, vv.shape[5])),
-                  Load(vv.name, (b, r, c, cib, t, ci), vv.dtype) * Load(u.name, (r, c, cob, cib, ci, co), u.dtype))
+                  Load(vv.name, (b, r, c, cib, t, ci), vv.dtype) * Load(u.name, u_at, u.dtype))
     hints = {"nr": n.attrs["nr"], "n_axis": -1, "m_axis": -2, "in_block": vv.shape[5], "out_block": n.attrs["nr"],
              "block_axis": 3, "rows_outer": True}
     return Lowered([Compute(m.name, ax, m.shape, body, hints=hints)])

@@ -59,7 +59,7 @@ def kernel_class(k: Kernel) -> str:
     if hints.get("depthwise"):
         return "depthwise" + low
     if op == "WinogradProduct":
-        return "winograd_gemm"
+        return "winograd_gemm" + low
     if op in ("MatMul", "PackedMatMul"):
         return "matmul" + low
     if op in ("Conv", "PackedConv"):

@@ -16,7 +16,18 @@ Applies where the layout is blocked in and out (graph/passes/block_layout.py) �
 microkernel one (the product is a GEMM the microkernel nest takes as it takes a blocked conv; a library keeps
 its NCHW im2col convolution) — and where the GEMMs have enough work to repay the transforms: Ci ≥ 32 and
 Co ≥ 32. Rounding: the transforms add at most a few ulps per product (F(2, 3)'s coefficients are 0, ±1/2, ±1),
-far inside the 1e-4 relative tolerance the tests hold it to."""
+far inside the 1e-4 relative tolerance the tests hold it to.
+
+bf16 convs (precision="bf16", graph/passes/precision.py) take it only where vdpbf16ps is the target's one bf16 dot
+product (`pairs_only`: AVX512_BF16 without AMX — Zen 4, Cooper Lake). There the direct bf16 conv runs near the
+vdpbf16ps peak, twice float32's, while Winograd's fp32 build does 2.25× fewer multiply-adds: the fp32 Winograd conv
+and the bf16 direct one cost about the same (resnet50 on Zen 4: 7.8 and 6.9 ms for the 13 such convs) and bf16's
+products on the 2.25× fewer multiply-adds are where it gains. V is stored in bf16 (each value a sum of up to 4
+inputs, rounded once) and U rounded from float64 to bf16 in VNNI pair order U[.., ci // 2, co, ci % 2]; the products
+accumulate in float32 and the output transform and its epilogue stay float32. Each V·U product has bf16's error
+2u relative (u = 2⁻⁸), the output transform sums 9 of them with coefficients ±1 (tests/test_bf16.py bounds it
+elementwise). With AMX the tiles' multiply-adds are the cheap part: bf16 convs stay direct there, as on targets
+that emulate bf16."""
 from __future__ import annotations
 
 import numpy as np
@@ -24,7 +35,9 @@ import numpy as np
 from kiln.graph import symbolic
 from kiln.graph.ir import Graph, Node, TensorType, Value
 from kiln.graph.ops import OPS, OpDef, acc_dtype
+from kiln.graph.passes.precision import BF16, pairs_only, to_bf16, vnni_pairs
 from kiln.strategy import strategy_of
+from kiln.target import Target
 
 MIN_CHANNELS = 32
 
@@ -39,12 +52,12 @@ def tiles(oh: int, ow: int) -> tuple[int, int]:
 def _input_shape(ts: list[TensorType], a: dict) -> list[TensorType]:
     n, cib, _, _, cb = ts[0].shape
     th, tw = tiles(*a["out_hw"])
-    return [TensorType(ts[0].dtype, (n, 4, 4, cib, th * tw, cb))]
+    return [TensorType(a.get("dtype", ts[0].dtype), (n, 4, 4, cib, th * tw, cb))]
 
 
 def _product_shape(ts: list[TensorType], a: dict) -> list[TensorType]:
     n, _, _, _, t, _ = ts[0].shape
-    _, _, cob, _, _, nr = ts[1].shape
+    cob, nr = ts[1].shape[2], ts[1].shape[-2 if len(ts[1].shape) == 7 else -1]  # (bf16: U in VNNI pairs)
     return [TensorType(acc_dtype(ts[0].dtype), (n, 4, 4, cob, t, nr))]
 
 
@@ -75,11 +88,11 @@ def transform_weights(wp: np.ndarray) -> np.ndarray:
     return u.reshape(4, 4, cob, cib, cb, nr)
 
 
-def _eligible(n: Node) -> bool:
+def _eligible(n: Node, bf16_too: bool) -> bool:
     a = n.attrs
     if n.op != "PackedConv" or strategy_of(a) not in ("direct", "ukernel") or a["group"] != 1 \
             or not a.get("in_block") or not a.get("out_block") or a["kernel"] != (3, 3) or a["strides"] != (1, 1) \
-            or a["dilations"] != (1, 1) or n.inputs[1].const is None or a.get("precision") == "bf16":
+            or a["dilations"] != (1, 1) or n.inputs[1].const is None or (a.get("precision") == "bf16" and not bf16_too):
         return False
     x, y = n.inputs[0], n.outputs[0]
     if not symbolic.is_static(y.shape[2:4]):
@@ -88,10 +101,11 @@ def _eligible(n: Node) -> bool:
     return x.shape[1] * x.shape[-1] >= MIN_CHANNELS and a["co"] >= MIN_CHANNELS and x.shape[0] == y.shape[0]
 
 
-def winograd_conv(g: Graph) -> Graph:
+def winograd_conv(g: Graph, target: Target | None = None) -> Graph:
     old, g.nodes = g.nodes, []
+    bf16_too = pairs_only(target)
     for n in old:
-        if not _eligible(n):
+        if not _eligible(n, bf16_too):
             g.nodes.append(n)
             continue
         x, wp, y = n.inputs[0], n.inputs[1], n.outputs[0]
@@ -99,8 +113,12 @@ def winograd_conv(g: Graph) -> Graph:
         nr = a["nr"]
         out_hw = tuple(y.shape[2:4])
         u = transform_weights(wp.const)
-        uv = Value(g.fresh(wp.name + ".winograd"), TensorType("float32", u.shape), const=u)
-        (v,) = g.add("WinogradInput", [x], {"out_hw": out_hw, "pads": a["pads"]}, n.name + ".winograd_input")
+        bf16 = a.get("precision") == "bf16"
+        if bf16:  # U[4, 4, cob, cib, cb, nr] → [4, 4, cob, cib, cb/2, nr, 2], rounded to nearest even
+            u = to_bf16(vnni_pairs(u, 4))
+        uv = Value(g.fresh(wp.name + ".winograd"), TensorType(BF16 if bf16 else "float32", u.shape), const=u)
+        (v,) = g.add("WinogradInput", [x], {"out_hw": out_hw, "pads": a["pads"], **({"dtype": BF16} if bf16 else {})},
+                     n.name + ".winograd_input")
         (m,) = g.add("WinogradProduct", [v, uv], {"nr": nr, "strategy": a.get("strategy", "direct")}, n.name)
         # the last stage keeps the conv's output value (its consumers read it)
         last = Node("WinogradOutput", [m] + n.inputs[2:], [y], {"out_hw": out_hw}, n.name + ".winograd_output")
