@@ -53,6 +53,6 @@ def schedule_dpbf16(k: Kernel, c: Compute, tag: str, target: Target, threads: in
     if c.hints["nr"] % min(dpbf16_widths(target)):
         return None
     nest, block = dot_tile(c, tag, target, threads if options.get("parallel", True) else 1, bf16_form, dec,
-                           options.get("mmla", True))
+                           options.get("mmla", True), options.get("thread_parts", True))
     k.precision[str(c.hints.get("node", c.out))] = block or ("bfdot" if target.arch == "aarch64" else "avx512bf16")
     return nest

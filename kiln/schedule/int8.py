@@ -63,7 +63,7 @@ from kiln.schedule.config import Decisions
 from kiln.schedule.dot_form import DotForm, int8_form
 from kiln.schedule.dot_ukernel import chosen_dot_ukernel
 from kiln.schedule.mmla import mmla_rows, mmla_tile, most_mmla_rows
-from kiln.schedule.tile import flatten_rows, rename_tile, substitute_all
+from kiln.schedule.tile import _thread_parts, flatten_rows, rename_tile, substitute_all
 from kiln.schedule.tile_shape import pick_mr
 from kiln.target import Target
 
@@ -124,19 +124,24 @@ def schedule_int8(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
             k.strategies[node] = "ukernel"
             return nest
     k.strategies[node] = f"direct ({strategy} not available: {why})" if why else "direct"
-    nest, block = dot_tile(c, tag, target, threads, int8_form, dec, options.get("mmla", True))
+    nest, block = dot_tile(c, tag, target, threads, int8_form, dec, options.get("mmla", True),
+                           options.get("thread_parts", True))
     if block:
         k.precision[node] = block
     return nest
 
 
 def dot_tile(c: Compute, tag: str, target: Target, threads: int, form_of: Callable[[Compute], DotForm | None],
-             dec: Decisions | None = None, mmla: bool = True) -> tuple[list[Stmt], str | None]:
+             dec: Decisions | None = None, mmla: bool = True, parts: bool = True) -> tuple[list[Stmt], str | None]:
     """The register tile of the module docstring, for any dot-product form (`form_of`: int8_form, bf16_form), and
     the block instruction it runs on ("smmla" / "bfmmla": schedule/mmla.py, where the target has one, the switch
     `mmla` is on and the tile has two rows) or None. Knobs: `mmla` (the block tile or the dot-product one), `flat_rows`
     and `mr` (choose_dot_tile); `tile_order` — "rows" (consecutive work items share a weight panel: the default) or
-    "panels" (they share the A rows)."""
+    "panels" (they share the A rows). `parts` (switch `thread_parts`): the image's rows split into one part per
+    thread, outermost, as the float tile splits them (schedule/tile.py `_thread_parts`), so that each thread reads
+    the rows it wrote in the layer before — not every row, half of them from the other core's cache, as a split by
+    output-channel blocks did (on a host that puts the two vCPUs on two L3s, mobilenetv2 bf16 on Zen 4 took 2.2× its
+    one-L3 time so)."""
     dec = dec if dec is not None else Decisions()
     method = mmla_method(target, form_of(c).a.dtype) if mmla else None  # type: ignore[union-attr]
     rows_or_pixels = c.extents[c.hints["m_axis"] % len(c.axes)] * \
@@ -163,14 +168,18 @@ def dot_tile(c: Compute, tag: str, target: Target, threads: int, form_of: Callab
     others = [(v, e) for i, (v, e) in enumerate(zip(c.axes, c.extents)) if i not in (m_axis, n_axis)]
     n_mo, n_no = -(-M // mr), -(-N // nr)
     order = [(no, n_no), (mo, n_mo)] if rows_fastest else [(mo, n_mo), (no, n_no)]
-    extents = [e for _, e in others] + [e for _, e in order]
+    names, extents = [v for v, _ in others + order], [e for _, e in others + order]
+    names, extents, parted = _thread_parts(c, names, extents, mo, threads if parts else 1, False)
     total = int(np.prod(extents))
     flat_v = Var(f"tile{tag}")
     decode: dict[Expr, Expr] = {}
     stride = 1
-    for v, e in reversed(list(zip([v for v, _ in others] + [v for v, _ in order], extents))):
+    for v, e in reversed(list(zip(names, extents))):
         decode[v] = (flat_v // stride) % e if stride > 1 else flat_v % e
         stride *= e
+    if parted is not None:
+        v, part, within, per = parted
+        decode[v] = decode.pop(part) * per + decode.pop(within)
     m_expr, n_expr = mo * mr + mi, no * nr + ni
     n_ext = minimum(Const(nr, "int64"), Const(N, "int64") - no * nr) if N % nr else Const(nr, "int64")
     acc = f"acc{tag}"
