@@ -4,9 +4,10 @@ Two steps, both visible in `compiler.lower`:
 
   * `assign_precision(g, precision)` (right after import, beside the strategies) marks each MatMul and dense Conv
     `attrs["precision"] = "bf16"` — depthwise and grouped convs stay "fp32": a few multiply-adds per loaded value,
-    memory-bound, nothing for a bf16 dot product to speed up. The layout passes read the mark: Winograd leaves bf16
-    convs alone (graph/passes/winograd.py: its transformed operands, sums of up to 16 inputs and of 9 weights,
-    would each be rounded to 8 bits, and with AMX the multiply-adds it saves are the cheap part).
+    memory-bound, nothing for a bf16 dot product to speed up. The layout passes read the mark: Winograd takes bf16
+    convs only where vdpbf16ps is the one bf16 dot product (`pairs_only`; graph/passes/winograd.py: its transformed
+    operands, each rounded to 8 bits, cost little accuracy with F(2×2, 3×3)'s coefficients; with AMX the
+    multiply-adds it saves are the cheap part, and emulated bf16 is no faster than float32).
   * `lower_precision(g)` (the graph pass, after the layout passes, switch `lower_precision`) rewrites the marked
     anchors, now in their packed forms:
 
