@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 import kiln
 from conftest import assert_close, nest_stmts, run_ort, width_runs
 from kiln.compiler import check_options, lower
-from kiln.kernel.ir import Loop
+from kiln.kernel.ir import Bin, Const, Loop, Store, Var
 from kiln.target import resolve
 
 
@@ -47,3 +47,55 @@ def test_padded_copies_and_pools_split_by_rows(width: str) -> None:
         x = np.random.default_rng(4).standard_normal((1, 32, 40, 40)).astype(np.float32)
         exe = kiln.compile(model, target=width, num_threads=2, cache=False)
         assert_close(exe.run({"x": x})[0], run_ort(model, {"x": x})[0], 1e-5, width)
+
+
+def _ev(e, env: dict[str, np.ndarray]):  # noqa: ANN001, ANN202 - an index expression over arrays of loop values
+    ops = {"+": np.add, "-": np.subtract, "*": np.multiply, "//": np.floor_divide, "%": np.mod, "min": np.minimum,
+           "max": np.maximum}
+    if isinstance(e, Const):
+        return int(e.value)
+    if isinstance(e, Var):
+        return env.get(e.name, 0)  # every loop but the parallel one at its first iteration
+    assert isinstance(e, Bin) and e.op in ops, e
+    return ops[e.op](_ev(e.a, env), _ev(e.b, env))
+
+
+def test_dot_tiles_split_by_rows(width: str) -> None:
+    """The int8 anchors' dot tile (schedule/int8.py dot_tile — bf16's vdpbf16ps tile is the same nest) splits the
+    image's rows into one part per thread, outermost, like the float tile: the first half of its parallel loop
+    stores only rows above those of the second half (a split by output-channel blocks stored every row in each
+    half). Two 1×1 convs and a 3×3 one, 64 channels, 24×24 (whose row tiles divide in two at every width); outputs
+    against onnxruntime's run of the same QDQ model (kiln.quantize) within one step of the last quantized activation."""
+    r = np.random.default_rng(5)
+    ws = {f"w{i}": (r.standard_normal(s) * 0.1).astype(np.float32)
+          for i, s in enumerate([(64, 32, 1, 1), (64, 64, 3, 3), (64, 64, 1, 1)])}
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"]), helper.make_node("Relu", ["a"], ["ar"]),
+             helper.make_node("Conv", ["ar", "w1"], ["b"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["b"], ["br"]),
+             helper.make_node("Conv", ["br", "w2"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 24, 24])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(w, n) for n, w in ws.items()])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = [{"x": r.standard_normal((1, 32, 24, 24)).astype(np.float32)} for _ in range(3)]
+    qmodel = kiln.quantize(model, feeds)
+    prog = lower(qmodel, resolve(width), 2, check_options({"amx": False}), stop_after="kernels").program
+    anchors = 0
+    for k in prog.kernels:
+        if not k.name.endswith("qpackedconv"):
+            continue
+        par = [s for s in nest_stmts(k.body) if isinstance(s, Loop) and s.kind == "parallel"][-1]  # the tile's
+        stores = [s for s in nest_stmts(par.body) if isinstance(s, Store)]  # (a padded copy's: its own nest)
+        assert stores, (k.name, str(k))
+        flat = np.arange(int(par.extent.value))
+        rows = np.broadcast_to(_ev(stores[0].index[2], {par.var.name: flat}), flat.shape)  # [N, C/cb, H, W, cb]
+        half = len(flat) // 2
+        assert rows[:half].max() <= rows[half:].min(), (k.name, sorted(set(rows[:half])), sorted(set(rows[half:])))
+        anchors += 1
+    assert anchors == 3, [k.name for k in prog.kernels]
+    if width_runs(width):
+        got = kiln.compile(qmodel, target=width, num_threads=2, cache=False).run(feeds[0])[0]
+        want = run_ort(qmodel, feeds[0])[0]
+        inits = {t.name: numpy_helper.to_array(t) for t in qmodel.graph.initializer}
+        dqs = [n for n in qmodel.graph.node if n.op_type == "DequantizeLinear" and n.input[0] not in inits]
+        step = float(inits[dqs[-1].input[1]].max())  # one step of the last quantized activation (test_ops_quant)
+        assert np.abs(got - want).max() <= step * (1 + 1e-6), (np.abs(got - want).max(), step)
