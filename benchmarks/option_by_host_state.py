@@ -3,7 +3,10 @@
 kernels' times from the profile hook.
 
     python benchmarks/option_by_host_state.py resnet18 --off memory_reuse [--rounds 60]
-        [--kernels k2_winogradinput,k15_winogradinput]
+        [--kernels k2_winogradinput,k15_winogradinput] [--precision fp32|bf16|int8]
+
+`--precision int8`: the model quantized first (kiln.quantize, min/max over 8 zoo inputs, seeds 100..); bf16: built
+with precision="bf16".
 
 Issue 19.4: with `--off memory_reuse`, resnet18's Winograd input transforms stop growing on two L3s."""
 from __future__ import annotations
@@ -22,11 +25,14 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=60, help="interleaved rounds (each: one batch of every build)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--kernels", default="", help="comma-separated kernel names to report")
+    p.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "int8"))
     a = p.parse_args()
     model, feeds = zoo.build(a.model), zoo.inputs(a.model)
+    if a.precision == "int8":
+        model = kiln.quantize(model, [zoo.inputs(a.model, seed=100 + i) for i in range(8)])
+    kw = {"num_threads": a.threads, "cache": False, "precision": "bf16" if a.precision == "bf16" else "fp32"}
     off = f"{a.off} off"
-    builds = {"default": kiln.compile(model, num_threads=a.threads, cache=False),
-              off: kiln.compile(model, num_threads=a.threads, cache=False, **{a.off: False})}
+    builds = {"default": kiln.compile(model, **kw), off: kiln.compile(model, **kw, **{a.off: False})}
     # kiln tune's step-5 comparison: idle gap and state probe before each batch, order reversed every other round
     c = compare(builds, feeds, rounds=a.rounds, profile=True, max_rounds=a.rounds)
     states = c.seen()
