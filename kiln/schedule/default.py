@@ -103,8 +103,8 @@ def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: i
         # an elementwise kernel of its own over a blocked image [N, C/cb, H, W, cb] — e.g. the bf16 Cast of a
         # residual sum that the next conv reads in bf16 and the next residual add in float32: its rows outermost,
         # so its parallel loop splits rows as the convs around it do (tile.py _thread_parts) and each thread reads
-        # what it wrote. Split by channel blocks, resnet50 bf16's 14 casts took 0.25 ms with the two vCPUs on one
-        # L3 and 1.04 ms on two (Zen 4)
+        # what it wrote. (resnet50 bf16's 14 casts: 0.25 ms with the two vCPUs on one L3; on two, 1.04 ms split by
+        # channel blocks, 0.93–0.95 by rows — DRAM's rate there: their input has left the L3s, README 17th session)
         c = rows_outermost(c)
     if options.get("fuse_axes", True):
         c = fuse_contiguous_axes(c, lambda name: k.buffer(name).shape)
