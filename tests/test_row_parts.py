@@ -1,6 +1,6 @@
 """Each thread reads and writes the rows it wrote itself: a dense conv's padded input copy and a pooling layer run
 their parallel loop over rows (kernel/lower.py: rows_outermost), as the conv tiles around them split their output
-rows (schedule/tile.py: _thread_parts) — they split by channel blocks, and when the host put the two vCPUs on two
+rows (schedule/tile.py: image_thread_parts) — they split by channel blocks, and when the host put the two vCPUs on two
 L3s every handoff crossed between them. Structure at every x86 width, outputs against onnxruntime (rtol 1e-5)."""
 from __future__ import annotations
 

@@ -120,7 +120,7 @@ def test_each_chunk_runs_once_and_threads_start_on_their_own_segments() -> None:
     """kiln_parallel hands participant p the p-th contiguous segment of the chunks first and lets it steal the others'
     from their back: every chunk runs exactly once for any chunk and thread count; and with chunks that take a while,
     the caller runs the first chunks and the worker the first of the second half (so a thread computes the same part
-    of an image in every layer, schedule/tile.py `_thread_parts`)."""
+    of an image in every layer, schedule/tile.py `image_thread_parts`)."""
     import ctypes
     import time
 

@@ -415,7 +415,7 @@ class KernelEmitter:
         total = em.ev(s.extent)[0]
         # chunk c = [⌊c·total/n⌋, ⌊(c+1)·total/n⌋): sizes differ by at most one iteration, and with n a multiple
         # of the thread count each thread's segment of chunks is exactly its share of the loop — a loop split
-        # into one part per thread (schedule/tile.py: _thread_parts) keeps its parts (90 tiles in chunks of
+        # into one part per thread (schedule/tile.py: image_thread_parts) keeps its parts (90 tiles in chunks of
         # ⌈90/8⌉ = 12 gave the threads 48 and 42)
         lo = wb.sdiv(wb.mul(chunk_id, total), n_chunks)
         hi = wb.sdiv(wb.mul(wb.add(chunk_id, ir.Constant(I64, 1)), total), n_chunks)

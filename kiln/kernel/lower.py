@@ -246,7 +246,7 @@ def _pad_regions(x: Value, shape: tuple[int, ...], pads: tuple[int, ...], fill: 
 def rows_outermost(c: Compute, row: int = 2) -> Compute:
     """`c` (an [N, C(/cb), H, …] output) with its loop over rows H outermost, then batch and channels — storing where
     it did. The default schedule's parallel loop over the outer axes then splits it by rows, as the convs before and
-    after split their output rows (schedule/tile.py: _thread_parts), and each thread reads and writes what it wrote
+    after split their output rows (schedule/tile.py: image_thread_parts), and each thread reads and writes what it wrote
     and will read itself. Split by channel blocks, each thread read half its rows from the other core's cache (and
     its output was read so by the next kernel): when the host puts the two vCPUs on different L3s, resnet18's
     strided convs ran 1.1–1.2× slower there even when run twice in a row. resnet18 on two L3s 6.84 → 6.71 ms

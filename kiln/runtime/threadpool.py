@@ -9,7 +9,7 @@ barrier) stalls every parallel loop until the descheduled worker runs again (mea
 
 Each participant (the caller 0, worker i as i + 1) first takes the chunks of its own contiguous segment, then steals
 the others' from their back: the same thread computes the same rows of an image in every layer (schedule/tile.py
-`_thread_parts`). That matters when the host puts the two vCPUs on different L3s (a cache line between them ~330 ns
+`image_thread_parts`). That matters when the host puts the two vCPUs on different L3s (a cache line between them ~330 ns
 instead of ~60): with one shared counter any chunk went to either thread, and resnet18 ran 19.7 ms there instead of
 13.1; with segments and row parts, 14.7.
 

@@ -102,7 +102,7 @@ def schedule_compute(k: Kernel, c: Compute, tag: str, target: Target, threads: i
             and not any(isinstance(e, Reduce) for e in walk(c.body)):
         # an elementwise kernel of its own over a blocked image [N, C/cb, H, W, cb] — e.g. the bf16 Cast of a
         # residual sum that the next conv reads in bf16 and the next residual add in float32: its rows outermost,
-        # so its parallel loop splits rows as the convs around it do (tile.py _thread_parts) and each thread reads
+        # so its parallel loop splits rows as the convs around it do (tile.py image_thread_parts) and each thread reads
         # what it wrote. (resnet50 bf16's 14 casts: 0.25 ms with the two vCPUs on one L3; on two, 1.04 ms split by
         # channel blocks, 0.93–0.95 by rows — DRAM's rate there: their input has left the L3s, README 17th session)
         c = rows_outermost(c)

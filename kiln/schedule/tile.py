@@ -106,7 +106,7 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
                  calls: TailCalls | None = None, parts: bool = True, prefetch_blocks: bool = True) -> list[Stmt]:
     """`tails`: over run-time rows, the tail tiles' heights (schedule/default.py: regime_tiles); `calls`: those of
     them that call a shared microkernel instead (schedule/tail_calls.py); `parts`: split the parallel loop into one
-    part of the image per thread where it divides (`_thread_parts`; switch `thread_parts`); `prefetch_blocks`: the
+    part of the image per thread where it divides (`image_thread_parts`; switch `thread_parts`); `prefetch_blocks`: the
     knob `prefetch_block` may apply (off with the switch `prefetch`, and on scalable targets)."""
     dec = dec if dec is not None else Decisions()
     if t.flatten_rows:
@@ -186,7 +186,7 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
     if parts and threads > 1 and not dynamic and not c.hints.get("rows_outer") and "spatial" not in c.hints \
             and isinstance(n_mo, int) and n_mo % threads == 0 and n_mo >= 2 * threads and fast == "m":
         by_rows = mo if dec.knob("split_rows", narrow_last, (False, True)) else None
-    names, extents, parted = _thread_parts(c, names, extents, mo, threads if parts else 1, dynamic, by_rows)
+    names, extents, parted = image_thread_parts(c, names, extents, mo, threads if parts else 1, dynamic, by_rows)
     # the knob `block`: tiles of the fastest index per cache block — the slower index then sweeps each block
     # (block < extent: a block of rows stays in L2 while every panel passes, or a block of panels while every
     # row tile does); the default is one block (no blocking)
@@ -428,7 +428,7 @@ def tail_share(M: Expr, mr: int, fewer: int, rows: int) -> tuple[Expr, Expr]:
     return at_most(rows) - at_most(fewer), blocks - at_most(fewer)
 
 
-def _thread_parts(c: Compute, names: list[Var], extents: list, mo: Var, threads: int,
+def image_thread_parts(c: Compute, names: list[Var], extents: list, mo: Var, threads: int,
                   dynamic: bool, by: Var | None = None) -> tuple[list[Var], list, tuple[Var, Var, Var, int] | None]:
     """Split the image's rows into one part per thread, outermost in the parallel loop (a conv: its output rows;
     a conv whose rows flatten_rows merged into pixels, hint `pixel_rows`: its pixel tiles — before, such 1×1 convs

@@ -1,11 +1,11 @@
 """Schedules of the Winograd transforms (kernel/lower_winograd.py): the transform index unrolled, so its selects
 fold to two to four additions per value and the loads they share are read once; vectors over the channel block.
 
-Tiles are the slower index of each parallel loop (the product splits its tiles into one part per thread, tile.py
-`_thread_parts`): with the pool's contiguous segments (runtime/threadpool.py) each thread transforms, multiplies and
-transforms back the same tiles, and V and M stay in its own core's caches. When the host puts the two vCPUs on
-different L3s, a split by channel blocks made every V store invalidate a line the other core had read: the input
-transforms ran 5–9× slower there.
+Tiles are the slower index of each parallel loop (the product splits its tiles into one part per thread,
+tile.py `image_thread_parts`): with the pool's contiguous segments (runtime/threadpool.py) each thread transforms,
+multiplies and transforms back the same tiles, and V and M stay in its own core's caches. When the host puts the
+two vCPUs on different L3s, a split by channel blocks made every V store invalidate a line the other core had read:
+the input transforms ran 5–9× slower there.
 
     input, V[b, r, c, cib, t, ci]:
       for (b, t, cib) parallel:

@@ -5,7 +5,7 @@ Scheduled apart, the transform writes all of V (layer1 of resnet18: 3.2 MB, past
 when the host puts the two vCPUs on different L3s, V's lines move between the cores on the way (resnet18 grows 1.10×
 there with Winograd, 1.03× without — README, sixth session). Where the product's parallel loop takes one tile block
 per (position, output-channel block) iteration and its thread parts split the blocks (schedule/tile.py:
-`_thread_parts`, hint rows_outer), every block's product reads only the V of its own MR tiles. Fused, one parallel
+`image_thread_parts`, hint rows_outer), every block's product reads only the V of its own MR tiles. Fused, one parallel
 loop over the blocks transforms a block's tiles and at once runs every product iteration of that block:
 
     before:  for (b, t, cib) parallel:  V[b, r, c, cib, t, :] = Bᵀ·d·B        (16 stores, schedule/winograd.py)

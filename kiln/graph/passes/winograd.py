@@ -23,8 +23,9 @@ product (`pairs_only`: AVX512_BF16 without AMX — Zen 4, Cooper Lake). There th
 vdpbf16ps peak, twice float32's, while Winograd's fp32 build does 2.25× fewer multiply-adds: the fp32 Winograd conv
 and the bf16 direct one cost about the same (resnet50 on Zen 4: 7.8 and 6.9 ms for the 13 such convs) and bf16's
 products on the 2.25× fewer multiply-adds are where it gains. V is stored in bf16 (each value a sum of up to 4
-inputs, rounded once) and U rounded from float64 to bf16 in VNNI pair order U[.., ci // 2, co, ci % 2]; the products
-accumulate in float32 and the output transform and its epilogue stay float32. Each V·U product has bf16's error
+inputs in float32, rounded once) and U (G g Gᵀ in float64, rounded to float32 as for fp32) rounded to bf16 in VNNI
+pair order U[.., ci // 2, co, ci % 2]; the products accumulate in float32 (on the vdpbf16ps tile; emulated with the
+switch `dpbf16` off) and the output transform and its epilogue stay float32. Each V·U product has bf16's error
 2u relative (u = 2⁻⁸), the output transform sums 9 of them with coefficients ±1 (tests/test_bf16.py bounds it
 elementwise). With AMX the tiles' multiply-adds are the cheap part: bf16 convs stay direct there, as on targets
 that emulate bf16."""
