@@ -141,6 +141,13 @@ def emit_only(model: onnx.ModelProto, target: str, **compile_kw: Any) -> bytes:
     return c.obj
 
 
+def last_step(q: onnx.ModelProto) -> float:
+    """The scale of the last quantized tensor before the graph output (one quantization step there)."""
+    inits = {t.name: numpy_helper.to_array(t) for t in q.graph.initializer}
+    dqs = [n for n in q.graph.node if n.op_type == "DequantizeLinear" and n.input[0] not in inits]
+    return float(inits[dqs[-1].input[1]].max())
+
+
 def run_kiln(model: onnx.ModelProto, feeds: dict[str, np.ndarray], **compile_kw: Any) -> list[np.ndarray] | None:
     """Kiln's outputs; None when `target` is a width this CPU cannot execute (its object is emitted instead)."""
     kw = {"num_threads": 2, "cache": False, **compile_kw}

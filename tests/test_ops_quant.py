@@ -18,7 +18,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 import kiln
-from conftest import C, check, make_model, op_model, rand, run_kiln, run_ort, width_runs
+from conftest import C, check, last_step, make_model, op_model, rand, run_kiln, run_ort, width_runs
 from kiln.codegen.int8 import vnni_widths
 from kiln.codegen.jit import emit_assembly, optimize
 from kiln.compiler import check_options, executable_of, lower
@@ -330,13 +330,6 @@ def ort_quantized(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]] | N
             quantize_static(src, dst, Reader(), quant_format=QuantFormat.QDQ, activation_type=QuantType.QInt8,
                             weight_type=QuantType.QInt8, per_channel=True)
         return onnx.load(dst)
-
-
-def last_step(q: onnx.ModelProto) -> float:
-    """The scale of the last quantized tensor before the graph output (one quantization step there)."""
-    inits = {t.name: numpy_helper.to_array(t) for t in q.graph.initializer}
-    dqs = [n for n in q.graph.node if n.op_type == "DequantizeLinear" and n.input[0] not in inits]
-    return float(inits[dqs[-1].input[1]].max())
 
 
 def test_ort_static_qdq_convnet(width: str) -> None:

@@ -8,9 +8,9 @@ import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
 import kiln
-from conftest import assert_close, nest_stmts, run_ort, width_runs
+from conftest import assert_close, last_step, nest_stmts, run_ort, width_runs
 from kiln.compiler import check_options, lower
-from kiln.kernel.ir import Bin, Const, Loop, Store, Var
+from kiln.kernel.ir import Const, Loop, Store, Var, substitute, value_at, walk
 from kiln.target import resolve
 
 
@@ -49,17 +49,6 @@ def test_padded_copies_and_pools_split_by_rows(width: str) -> None:
         assert_close(exe.run({"x": x})[0], run_ort(model, {"x": x})[0], 1e-5, width)
 
 
-def _ev(e, env: dict[str, np.ndarray]):  # noqa: ANN001, ANN202 - an index expression over arrays of loop values
-    ops = {"+": np.add, "-": np.subtract, "*": np.multiply, "//": np.floor_divide, "%": np.mod, "min": np.minimum,
-           "max": np.maximum}
-    if isinstance(e, Const):
-        return int(e.value)
-    if isinstance(e, Var):
-        return env.get(e.name, 0)  # every loop but the parallel one at its first iteration
-    assert isinstance(e, Bin) and e.op in ops, e
-    return ops[e.op](_ev(e.a, env), _ev(e.b, env))
-
-
 def test_dot_tiles_split_by_rows(width: str) -> None:
     """The int8 anchors' dot tile (schedule/int8.py dot_tile — bf16's vdpbf16ps tile is the same nest) splits the
     image's rows into one part per thread, outermost, like the float tile: the first half of its parallel loop
@@ -86,16 +75,16 @@ def test_dot_tiles_split_by_rows(width: str) -> None:
         par = [s for s in nest_stmts(k.body) if isinstance(s, Loop) and s.kind == "parallel"][-1]  # the tile's
         stores = [s for s in nest_stmts(par.body) if isinstance(s, Store)]  # (a padded copy's: its own nest)
         assert stores, (k.name, str(k))
-        flat = np.arange(int(par.extent.value))
-        rows = np.broadcast_to(_ev(stores[0].index[2], {par.var.name: flat}), flat.shape)  # [N, C/cb, H, W, cb]
-        half = len(flat) // 2
+        row = stores[0].index[2]  # [N, C/cb, H, W, cb]; every loop but the parallel one at its first iteration
+        first = {v: Const(0, "int64") for v in walk(row) if isinstance(v, Var) and v != par.var}
+        rows = np.array([value_at(substitute(row, {**first, par.var: Const(f, "int64")}), {})
+                         for f in range(int(par.extent.value))])
+        half = len(rows) // 2
         assert rows[:half].max() <= rows[half:].min(), (k.name, sorted(set(rows[:half])), sorted(set(rows[half:])))
         anchors += 1
     assert anchors == 3, [k.name for k in prog.kernels]
     if width_runs(width):
         got = kiln.compile(qmodel, target=width, num_threads=2, cache=False).run(feeds[0])[0]
         want = run_ort(qmodel, feeds[0])[0]
-        inits = {t.name: numpy_helper.to_array(t) for t in qmodel.graph.initializer}
-        dqs = [n for n in qmodel.graph.node if n.op_type == "DequantizeLinear" and n.input[0] not in inits]
-        step = float(inits[dqs[-1].input[1]].max())  # one step of the last quantized activation (test_ops_quant)
+        step = last_step(qmodel)
         assert np.abs(got - want).max() <= step * (1 + 1e-6), (np.abs(got - want).max(), step)

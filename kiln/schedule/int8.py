@@ -63,7 +63,14 @@ from kiln.schedule.config import Decisions
 from kiln.schedule.dot_form import DotForm, int8_form
 from kiln.schedule.dot_ukernel import chosen_dot_ukernel
 from kiln.schedule.mmla import mmla_rows, mmla_tile, most_mmla_rows
-from kiln.schedule.tile import flatten_rows, image_thread_parts, rename_tile, substitute_all
+from kiln.schedule.tile import (
+    decode_flat,
+    flatten_rows,
+    image_thread_parts,
+    rejoin_parts,
+    rename_tile,
+    substitute_all,
+)
 from kiln.schedule.tile_shape import pick_mr
 from kiln.target import Target
 
@@ -172,14 +179,7 @@ def dot_tile(c: Compute, tag: str, target: Target, threads: int, form_of: Callab
     names, extents, parted = image_thread_parts(c, names, extents, mo, threads if parts else 1, False)
     total = int(np.prod(extents))
     flat_v = Var(f"tile{tag}")
-    decode: dict[Expr, Expr] = {}
-    stride = 1
-    for v, e in reversed(list(zip(names, extents))):
-        decode[v] = (flat_v // stride) % e if stride > 1 else flat_v % e
-        stride *= e
-    if parted is not None:
-        v, part, within, per = parted
-        decode[v] = decode.pop(part) * per + decode.pop(within)
+    decode = rejoin_parts(decode_flat(flat_v, names, extents), parted)
     m_expr, n_expr = mo * mr + mi, no * nr + ni
     n_ext = minimum(Const(nr, "int64"), Const(N, "int64") - no * nr) if N % nr else Const(nr, "int64")
     acc = f"acc{tag}"

@@ -227,10 +227,8 @@ def tile_compute(k: Kernel, c: Compute, t: TileShape, tag: str, threads: int,
             theirs = _strides(names[1:-1] + [names[0], names[-1]], extents[1:-1] + [extents[0], extents[-1]])
             strides = {v: s if s == theirs[v] else Select(panel_outer, as_extent(s), as_extent(theirs[v]))
                        for v, s in strides.items()}
-        decode = _decode(flat, names, extents, strides)
-    if parted is not None:
-        v, part, within, per = parted
-        decode[v] = decode.pop(part) * per + decode.pop(within)
+        decode = decode_flat(flat, names, extents, strides)
+    decode = rejoin_parts(decode, parted)
     m_expr = mo * t.mr + mi
     n_expr = no * t.nr + ni
     n_ext = minimum(Const(t.nr, "int64"), as_extent(N) - no * t.nr) if is_symbolic(N) or N % t.nr \
@@ -428,8 +426,8 @@ def tail_share(M: Expr, mr: int, fewer: int, rows: int) -> tuple[Expr, Expr]:
     return at_most(rows) - at_most(fewer), blocks - at_most(fewer)
 
 
-def image_thread_parts(c: Compute, names: list[Var], extents: list, mo: Var, threads: int,
-                  dynamic: bool, by: Var | None = None) -> tuple[list[Var], list, tuple[Var, Var, Var, int] | None]:
+def image_thread_parts(c: Compute, names: list[Var], extents: list, mo: Var, threads: int, dynamic: bool,
+                       by: Var | None = None) -> tuple[list[Var], list, tuple[Var, Var, Var, int] | None]:
     """Split the image's rows into one part per thread, outermost in the parallel loop (a conv: its output rows;
     a conv whose rows flatten_rows merged into pixels, hint `pixel_rows`: its pixel tiles — before, such 1×1 convs
     split by output-channel blocks, and mobilenetv2's next depthwise conv read half its rows from the other core:
@@ -473,8 +471,16 @@ def _strides(names: list[Var], extents: list) -> dict[Var, Expr | int]:
     return out
 
 
-def _decode(flat: Var, names: list[Var], extents: list,
-            strides: dict[Var, Expr | int] | None = None) -> dict[Var, Expr]:
+def rejoin_parts(decode: dict, parted: tuple[Var, Var, Var, int] | None) -> dict:
+    """`decode` with the index image_thread_parts split put back together: v = part · per + within."""
+    if parted is not None:
+        v, part, within, per = parted
+        decode[v] = decode.pop(part) * per + decode.pop(within)
+    return decode
+
+
+def decode_flat(flat: Var, names: list[Var], extents: list,
+                strides: dict[Var, Expr | int] | None = None) -> dict[Var, Expr]:
     """Each index of a flattened loop over `names` (the last fastest) from the flat index (with `strides`: those,
     not the loop's own)."""
     strides = strides or _strides(names, extents)
