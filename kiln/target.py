@@ -23,6 +23,7 @@ then probes the target in a subprocess (once per target) instead of in this proc
 from __future__ import annotations
 
 import functools
+import os
 import subprocess
 import sys
 from dataclasses import dataclass, replace
@@ -75,9 +76,29 @@ class Target:
         return max(1, lanes * self.vscale_block_bits // self.vector_bits)
 
 
+# the host as if its widest vectors were this many bits (256: as on an AVX2 machine, 128: SSE) — `host` below
+HOST_BITS_ENV = "KILN_HOST_VECTOR_BITS"
+
+
 @functools.cache
 def host() -> Target:
-    """The machine we run on; vector width from its widest usable feature (AVX-512 → AVX2 → SSE)."""
+    """The machine we run on; vector width from its widest usable feature (AVX-512 → AVX2 → SSE).
+
+    With `KILN_HOST_VECTOR_BITS=256` (or 128) in the environment, an x86 host is taken to be as wide as that: its
+    wider features off (AVX-512 and AMX; for 128 also AVX), as `host_with` limits it — so AVX-512 is an emit-only
+    width (lowered and emitted, refused to run) and every "host" build is AVX2 code, as on an AVX2 machine of the
+    same family. How this repository's tests run as on an AVX2 host on an AVX-512 one (README)."""
+    t = _native_host()
+    want = os.environ.get(HOST_BITS_ENV, "").strip()
+    if not want:
+        return t
+    if want not in ("128", "256", "512") or t.arch != "x86_64":
+        raise TargetError(f"{HOST_BITS_ENV}={want!r}: an x86 host takes 128, 256 or 512 (this host: {t.arch}, "
+                          f"{t.vector_bits}-bit vectors)")
+    return _narrowed(t, int(want), "host") if int(want) < t.vector_bits else t
+
+
+def _native_host() -> Target:
     import llvmlite.binding as llvm
 
     llvm.initialize_native_target()
@@ -93,6 +114,14 @@ def host() -> Target:
     caches = _host_caches()
     return Target("host", llvm.get_process_triple(), llvm.get_host_cpu_name(), feats.flatten(), bits, regs,
                   has_fma="fma" in on, **{f"l{lvl}_bytes": size for lvl, size in caches.items()})
+
+
+def _narrowed(h: Target, vector_bits: int, name: str) -> Target:
+    """`h` with the features wider than `vector_bits` turned off (`_WIDTH_DROPS`)."""
+    drop = _WIDTH_DROPS[vector_bits]
+    feats = ",".join(("-" + f[1:]) if f[1:].startswith(drop) else f for f in h.features.split(","))
+    return replace(h, name=name, features=feats, vector_bits=vector_bits, vector_registers=16,
+                   has_fma=vector_bits > 128)
 
 
 def _host_caches() -> dict[int, int]:
@@ -149,10 +178,7 @@ def host_with(vector_bits: int) -> Target:
         feats = ",".join(f"+{f}" for f in _WIDTH_FEATURES[512])
         return replace(h, name="avx512", cpu="x86-64-v4", features=feats, vector_bits=512, vector_registers=32,
                        has_fma=True)
-    drop = _WIDTH_DROPS[vector_bits]
-    feats = ",".join(("-" + f[1:]) if f[1:].startswith(drop) else f for f in h.features.split(","))
-    return replace(h, name=f"host-{vector_bits}", features=feats, vector_bits=vector_bits, vector_registers=16,
-                   has_fma=vector_bits > 128)
+    return _narrowed(h, vector_bits, f"host-{vector_bits}")
 
 
 @functools.cache

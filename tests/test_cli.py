@@ -34,6 +34,22 @@ def test_explain_prints_graph_kernel_llvm_and_assembly() -> None:
         assert marker in r.stdout, marker
 
 
+def test_explain_assembly_follows_kernel_families(width: str) -> None:
+    """A kernel that is a member of a family (codegen/families.py) calls its family's function: explain's assembly
+    section prints that function too — on an AVX2 host resnet18's first Winograd product is one, and the section
+    had no multiply-add in it."""
+    import re
+
+    from kiln import zoo
+    from kiln.explain import explain
+
+    out = explain(zoo.build("resnet18"), node="layer1.0.conv1", stages=["asm"], target=width, num_threads=2)
+    asm = out.split("assembly of", 1)[1]
+    assert re.search(r"vfmadd|mulps", asm), asm[:2000]
+    for family in set(re.findall(r"\$([\w.$]+\.family)@", asm)):
+        assert f"\n{family}:" in asm, family
+
+
 def test_errors_are_one_line_not_a_traceback(tmp_path) -> None:  # noqa: ANN001
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"\x00garbage")
