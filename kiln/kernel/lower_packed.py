@@ -3,7 +3,7 @@ their panels, activations in NCHW or in the blocked layout xb[N, C/cb, H, W, cb]
 from __future__ import annotations
 
 from kiln.graph.ir import Node
-from kiln.kernel.ir import Cast, Compute, Expr, Load, Reduce, Var
+from kiln.kernel.ir import Compute, Expr, Load, Reduce, Var
 from kiln.kernel.lower import Lowered, _out, _padded, bcast_index, guarded_window, ld, lowering
 
 
@@ -51,8 +51,6 @@ def lower_packed_conv(n: Node) -> Lowered:
     taps = tuple(zip(ks, a["kernel"]))
     if depthwise:  # blocked in and out: channel co = (cob, coi) of the input too
         xs = guarded_window(x, (b, cob), tuple(p - a["pads"][i] for i, p in enumerate(sp)), (coi,))
-        if x.dtype == "bfloat16":  # stored in bf16 (graph/passes/precision.py `_bf16_input`), multiplied in float32
-            xs = Cast("float32", xs)
         w = Load(wp.name, (cob,) + ks + (coi,), wp.dtype)
         axes = taps
     elif ib:

@@ -13,7 +13,6 @@ from kiln.kernel.analysis import coef, flat_index, fuse_contiguous_axes, fuse_ro
 from kiln.kernel.ir import (
     PARALLEL_MIN_WORK,
     Assign,
-    Bin,
     Cast,
     Compute,
     Const,
@@ -427,12 +426,9 @@ def _contiguous(k: Kernel, e: Expr, v: Var) -> bool:
 
 
 def bf16_products(c: Compute) -> bool:
-    """Does the compute reduce products of two bfloat16 operands (a bf16 anchor)? Not a depthwise conv's products of
-    a bf16 input by float32 weights (graph/passes/precision.py `_bf16_input`): float32 multiply-adds."""
-    def bf16(e: Expr) -> bool:
-        return any(isinstance(x, Load) and x.dtype == "bfloat16" for x in walk(e))
-    return any(isinstance(r, Reduce) and any(isinstance(m, Bin) and m.op == "*" and bf16(m.a) and bf16(m.b)
-                                             for m in walk(r.body)) for r in walk(c.body))
+    """Does the compute reduce products of bfloat16 operands (a bf16 anchor)?"""
+    return any(isinstance(r, Reduce) and any(isinstance(x, Load) and x.dtype == "bfloat16" for x in walk(r.body))
+               for r in walk(c.body))
 
 
 def schedule_kernel(k: Kernel, target: Target, threads: int, options: dict[str, bool],

@@ -4,10 +4,7 @@ Two steps, both visible in `compiler.lower`:
 
   * `assign_precision(g, precision)` (right after import, beside the strategies) marks each MatMul and dense Conv
     `attrs["precision"] = "bf16"` — depthwise and grouped convs stay "fp32": a few multiply-adds per loaded value,
-    memory-bound, nothing for a bf16 dot product to speed up; but a depthwise conv reads its input in bf16
-    (`attrs["bf16_input"]`, float32 multiply-adds on float32 weights) where it is the input's one reader: the
-    producer's epilogue rounds it, and mobilenetv2's expanded tensors — 6× the block's channels — move half the
-    bytes. The layout passes read the mark: Winograd takes bf16
+    memory-bound, nothing for a bf16 dot product to speed up. The layout passes read the mark: Winograd takes bf16
     convs only where vdpbf16ps is the one bf16 dot product (`pairs_only`; graph/passes/winograd.py: its transformed
     operands, each rounded to 8 bits, cost little accuracy with F(2×2, 3×3)'s coefficients; with AMX the
     multiply-adds it saves are the cheap part, and emulated bf16 is no faster than float32).
@@ -61,16 +58,13 @@ def check_precision(p: str) -> str:
 
 
 def assign_precision(g: Graph, precision: str = "fp32") -> Graph:
-    """Mark every MatMul and dense Conv with `attrs["precision"]` (bf16 anchors), and in a bf16 build each depthwise
-    conv with `attrs["bf16_input"]` — see the module docstring."""
+    """Mark every MatMul and dense Conv with `attrs["precision"]` (bf16 anchors) — see the module docstring."""
     check_precision(precision)
     for n in g.nodes:
         if n.op == "MatMul" or n.op == "Conv":
             dense = n.op == "MatMul" or n.attrs.get("group", 1) == 1
             floats = all(v.dtype == "float32" for v in n.inputs[:2])
             n.attrs["precision"] = "bf16" if precision == "bf16" and dense and floats else "fp32"
-            if precision == "bf16" and not dense and floats:
-                n.attrs["bf16_input"] = True
     return g
 
 
@@ -134,16 +128,6 @@ def _pair_tile_takes(n: Node) -> bool:
     return n.op == "PackedMatMul" or (n.op == "PackedConv" and bool(n.attrs.get("in_block")))
 
 
-def _bf16_input(n: Node, readers: dict[int, list[Node]], outputs: list[Value]) -> bool:
-    """A depthwise conv of a bf16 build reads its input in bf16 where it is the input's one reader and the input has
-    a producer (a graph input would take a Cast kernel of its own): the producer's epilogue rounds it (mobilenetv2's
-    expanded tensors, 6× the block's channels, stored in half the bytes)."""
-    x = n.inputs[0]
-    return (n.op == "PackedConv" and bool(n.attrs.get("bf16_input")) and n.attrs.get("group", 1) > 1
-            and bool(n.attrs.get("in_block")) and x.dtype == "float32" and x.producer is not None
-            and len(readers.get(id(x), [])) == 1 and not any(x is o for o in outputs))
-
-
 def lower_precision(g: Graph, target: Target | None = None) -> Graph:
     casts: dict[int, Value] = {}   # id(float32 value) → its bf16 Cast
     nodes: list[Node] = []
@@ -159,12 +143,7 @@ def lower_precision(g: Graph, target: Target | None = None) -> Graph:
             casts[id(v)] = vb
         return casts[id(v)]
 
-    readers = g.consumers()
     for n in g.nodes:
-        if _bf16_input(n, readers, g.outputs):   # float32 multiply-adds on an input stored in bf16 by its producer
-            n.inputs = [cast(n.inputs[0]), *n.inputs[1:]]
-            nodes.append(n)
-            continue
         if _convertible(n) and keep_fp32 and not _pair_tile_takes(n):
             n.attrs["precision"] = "fp32"
             n.attrs["bf16_kept_fp32"] = True   # exe.meta["precision"] says "fp32" for it
