@@ -165,18 +165,20 @@ _WIDTH_DROPS: dict[int, tuple[str, ...]] = {
 def host_with(vector_bits: int) -> Target:
     """The host limited to `vector_bits`-wide vectors (AVX2 / SSE fallbacks, ablations, the per-width tests).
 
-    A width wider than the host's own is an *emit-only* target (AVX-512 on an AVX2 host): same triple and caches,
-    the width's features turned on, cpu `x86-64-v4`; Kiln lowers it and emits objects and assembly for it, and
-    `kiln.compile` refuses to load its code here (`runs_here`)."""
+    A width wider than the host's own is an *emit-only* target (AVX-512 on an AVX2 host, AVX2 or AVX-512 on an
+    SSE-only one — a VM's baseline x86-64 CPU): same triple and caches, the width's features turned on, cpu
+    `x86-64-v4` / `x86-64-v3`; Kiln lowers it and emits objects and assembly for it, and `kiln.compile` refuses to
+    load its code here (`runs_here`)."""
     h = host()
     if vector_bits == h.vector_bits:
         return h
     if vector_bits > h.vector_bits:
-        if h.arch != "x86_64" or vector_bits != 512:
+        if h.arch != "x86_64" or vector_bits not in (256, 512):
             raise TargetError(f"this host ({h.cpu}) has {h.vector_bits}-bit vectors; no wider x86 target than "
-                              f"{vector_bits} bits is defined")
-        feats = ",".join(f"+{f}" for f in _WIDTH_FEATURES[512])
-        return replace(h, name="avx512", cpu="x86-64-v4", features=feats, vector_bits=512, vector_registers=32,
+                              f"512 bits is defined, and {vector_bits} is no x86 width")
+        feats = ",".join(f"+{f}" for f in _WIDTH_FEATURES[vector_bits])
+        name, cpu, regs = ("avx512", "x86-64-v4", 32) if vector_bits == 512 else ("avx2", "x86-64-v3", 16)
+        return replace(h, name=name, cpu=cpu, features=feats, vector_bits=vector_bits, vector_registers=regs,
                        has_fma=True)
     return _narrowed(h, vector_bits, f"host-{vector_bits}")
 

@@ -39,3 +39,36 @@ def test_width_code_is_no_wider(width: str) -> None:
         assert not wider, f"{width} code uses wider instructions: {sorted(set(map(str, wider)))[:5]}"
     if bits <= host().vector_bits:
         assert not missing_features(t), f"{width} on this host should run here"
+
+
+@pytest.mark.parametrize("bits", [256, 128])
+def test_host_taken_as_narrower(bits: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """KILN_HOST_VECTOR_BITS (kiln/target.py `host`): the host as an AVX2 (or SSE-only: a VM's baseline x86-64 CPU)
+    machine would be — its wider features off, every wider width an emit-only target (x86-64-v3 / v4) whose code is
+    that wide and does not run here; each width's code no wider than itself."""
+    if host().arch != "x86_64" or host().vector_bits < bits:
+        pytest.skip("an x86 host at least this wide")
+    from kiln.target import HOST_BITS_ENV, resolve, runs_here
+
+    monkeypatch.setenv(HOST_BITS_ENV, str(bits))
+    host.cache_clear()
+    try:
+        h = host()
+        assert h.vector_bits == bits and not any(f.startswith("+avx512") or f.startswith("+amx")
+                                                 for f in h.features.split(","))
+        for width, wbits in X86_WIDTHS.items():
+            t = resolve(width)
+            assert runs_here(t) == (wbits <= bits), width
+            if wbits > bits:
+                assert t.cpu == {512: "x86-64-v4", 256: "x86-64-v3"}[wbits] and t.vector_bits == wbits
+            asm = emit_assembly(optimize(_IR, t), t)
+            assert re.search(r"\b(v?mulps|vfmadd\w*ps)\b", asm)
+            if wbits in _FORBIDDEN:
+                assert not _FORBIDDEN[wbits].findall(asm), width
+        monkeypatch.setenv(HOST_BITS_ENV, "384")
+        host.cache_clear()
+        with pytest.raises(Exception, match="takes 128, 256 or 512"):
+            host()
+    finally:
+        monkeypatch.delenv(HOST_BITS_ENV)
+        host.cache_clear()
