@@ -73,7 +73,11 @@ _CALLBACK = EMUL_T(_emulate)
 
 @pytest.fixture
 def emulated_amx(monkeypatch: pytest.MonkeyPatch) -> None:
-    """AMX 'usable', its tile kernels forwarding to _emulate, configuration and release no-ops."""
+    """AMX 'usable', its tile kernels forwarding to _emulate, configuration and release no-ops. Not on an SSE-only
+    host: every AMX CPU has AVX-512, and the AMX nest takes the 16- or 32-column panels of 256/512-bit vectors."""
+    from kiln.target import host
+    if host().vector_bits < 256:
+        pytest.skip("an SSE-only host: its 8-column panels are no AMX tile's (AMX CPUs have AVX-512)")
     def kernel(dtype: str, mt: int = 2, nt: int = 2, mr: int = 16, kb: int | None = None,
                prefetch: int = 0) -> AMXKernel:
         kb = kb or TILE_BYTES // DTYPES[dtype][0]

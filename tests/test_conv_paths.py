@@ -25,7 +25,8 @@ def _lowered(x: tuple[int, ...], w: tuple[int, ...], attrs: dict, target: Target
 
 def _x86(bits: int, regs: int) -> Target:
     """The host's ISA described with another register file (tile choices only: nothing is run)."""
-    return replace(resolve("host"), name=f"x86-{bits}", vector_bits=bits, vector_registers=regs)
+    base = resolve({512: "avx512", 256: "avx2", 128: "sse"}.get(bits, "host"))  # that width's features (FMA: ≥ 256)
+    return replace(base, name=f"x86-{bits}", vector_bits=bits, vector_registers=regs)
 
 
 # (x shape, w shape, attrs, goes by channels)

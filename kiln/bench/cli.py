@@ -125,7 +125,8 @@ def tuned_widths(args: argparse.Namespace) -> list[str]:
     widths = _csv(getattr(args, "tuned_widths", "") or "")
     for w in widths:
         if w not in X86_WIDTHS or not runs_here(resolve(w)):
-            raise ValueError(f"--tuned-widths {w}: not an x86 width this host runs ({', '.join(X86_WIDTHS)})")
+            runs = [x for x in X86_WIDTHS if runs_here(resolve(x))]
+            raise ValueError(f"--tuned-widths {w}: not an x86 width this host runs ({', '.join(runs) or 'none'})")
     return widths
 
 
