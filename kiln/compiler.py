@@ -36,9 +36,9 @@ PASS_OPTIONS: tuple[str, ...] = ("quantize_qdq", "fold_constants", "recognize_ge
                                  "fuse_elementwise", "fuse_epilogue", "fuse_axes", "vectorize", "register_tile",
                                  "prefetch", "pack_operands", "parallel", "memory_reuse", "amx", "dpbf16",
                                  "mmla", "compact_rows", "fuse_winograd", "thread_parts",
-                                 "fuse_rows", "transpose_blocks", "kernel_families", "store_beside")
+                                 "fuse_rows", "transpose_blocks", "kernel_families")
 # switches that only matter for a bf16 or int8 build (`kiln bench --ablate` skips them for an fp32 build)
-PRECISION_OPTIONS: tuple[str, ...] = ("lower_precision", "amx", "dpbf16", "mmla", "store_beside")
+PRECISION_OPTIONS: tuple[str, ...] = ("lower_precision", "amx", "dpbf16", "mmla")
 
 Trace = Callable[[str, Any], None]
 

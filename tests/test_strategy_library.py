@@ -94,28 +94,6 @@ def test_transposed_operand_uses_trans_flag(lib: str) -> None:
                                        for b in k.scratch), "the transposed operand was copied"
 
 
-def test_cast_beside_a_product_the_library_writes(lib: str) -> None:
-    """y = a @ b is written by the library call itself (no epilogue Store to hang a converted twin on), and read twice:
-    by a Cast to float64 and by a Relu. The Cast's copy is stored by y's kernel (kernel/build.py `_store_beside`) with
-    a conversion loop after the call (schedule/default.py `_stored_beside`): both outputs as onnxruntime's."""
-    a, b = rand(33, 47, seed=5), rand(47, 29, seed=6)
-    nodes = [helper.make_node("MatMul", ["a", "b"], ["y"], name="matmul_node"),
-             helper.make_node("Cast", ["y"], ["y64"], to=onnx.TensorProto.DOUBLE, name="cast"),
-             helper.make_node("Relu", ["y"], ["r"], name="relu")]
-    model = make_model(nodes, {"a": a}, ["y64", "r"], {"b": b})
-    assert built_with(model, {"a": a}, lib) == {"matmul_node": f"library:{lib}"}
-    from kiln.compiler import check_options, lower
-    from kiln.kernel.ir import Call
-    from kiln.schedule.store_beside import written_by_call
-    from kiln.target import resolve
-    prog = lower(model, resolve("host"), 2, check_options({}), strategy=f"library:{lib}", stop_after="kernels").program
-    (k,) = [k for k in prog.kernels if any(c.also for c in k.computes)]
-    assert written_by_call(k.body, k.computes[-1].out) and any(isinstance(s, Call) for s in nested(k.body))
-    got = kiln.compile(model, num_threads=2, strategy=f"library:{lib}").run({"a": a})
-    assert got[0].dtype == np.float64
-    np.testing.assert_array_equal(got[0], got[1].astype(np.float64) + np.minimum(got[0], 0))
-
-
 def nested(stmts: list) -> list:
     """Every statement of a loop nest (a single-threaded library's call sits in Kiln's parallel slab loop)."""
     return [x for s in stmts for x in (s, *nested(getattr(s, "body", [])))]

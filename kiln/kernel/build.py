@@ -9,7 +9,7 @@ Fusion here is *inlining*: a producer's expression is substituted into its consu
 Reshape-like ops are views: no kernel, the consumer reads the same storage with its own shape."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -168,7 +168,7 @@ def inline(prod: Group, cons: Group) -> Group:
     cons_last = cons.computes[-1]
     body = _replace_loads(cons_last.body, last.out, at)
     fused = Compute(cons_last.out, cons_last.axes, cons_last.extents, body, cons_last.store,
-                    {**last.hints, **cons_last.hints}, cons_last.also)
+                    {**last.hints, **cons_last.hints})
     merged = prod.computes[:-1] + cons.computes[:-1] + [fused]
     return Group(merged, prod.temps + cons.temps, prod.nodes + cons.nodes, cons.output)
 
@@ -220,7 +220,7 @@ def _through_view(v: Value, g: Group, by_name: dict[str, Value], view_of: dict[s
         return Load(src.name, _view_reindex(ld.index, v.shape, src.shape), ld.dtype)  # type: ignore[arg-type]
     last = g.computes[-1]
     moved = Compute(last.out, last.axes, last.extents, _replace_loads(last.body, v.name, retarget), last.store,
-                    last.hints, last.also)
+                    last.hints)
     if any(_loads_of(c.body, v.name) for c in g.computes[:-1]):
         return None, g
     return src, Group(g.computes[:-1] + [moved], g.temps, g.nodes, g.output)
@@ -242,8 +242,6 @@ def build_program(graph: Graph, options: dict[str, bool], dims: DynamicDims | No
         if n.op in VIEW_OPS and (dims is None or reshape_is_view(dims.shape_of(n.inputs[0]),
                                                                   dims.shape_of(n.outputs[0]))):
             prog.view_of[n.outputs[0].name] = n.inputs[0].name
-            continue
-        if options.get("store_beside", True) and dims is None and _store_beside(n, group_of, order, users):
             continue
         if n.op in VIEW_OPS:  # merges or splits a symbolic dim: not the same storage in the max layouts
             low: Lowered = reshape_copy(n, dims)
@@ -284,34 +282,11 @@ def build_program(graph: Graph, options: dict[str, bool], dims: DynamicDims | No
     return prog
 
 
-def _store_beside(n: Node, group_of: dict[int, Group], order: list[Group], users: dict[int, list[Node]]) -> bool:
-    """A Cast of a value that other nodes read too (bf16's copy of a residual sum, read by the next conv in bf16 and
-    by the next add in float32: graph/passes/precision.py) is stored by the value's own kernel, beside it, from the
-    same registers (`Compute.also`, schedule/store_beside.py) — not re-read from memory by a kernel of its own, with
-    the value no longer in any cache of the core that reads it (resnet50 bf16: 14 such kernels, 0.25 ms on one L3,
-    0.95 on two; README, 17th session). Only when the producer materializes the value whole in one compute, as its
-    own output (not a view's storage, not a region of a Concat). A value the Cast alone reads is not stored at all:
-    the Cast joins its producer's epilogue (`can_inline`)."""
-    floats = {"float32", "float64", "bfloat16"}   # a conversion the twin store's Cast performs as the Cast op does
-    if n.op != "Cast" or not {n.inputs[0].dtype, n.outputs[0].dtype} <= floats or \
-            n.outputs[0].shape != n.inputs[0].shape or len(users.get(id(n.inputs[0]), [])) < 2:
-        return False
-    p = group_of.get(id(n.inputs[0]))
-    if p is None or p not in order or p.output is not n.inputs[0]:
-        return False
-    last = p.computes[-1]
-    if last.out != p.output.name or last.store is not None or any(c.out == last.out for c in p.computes[:-1]):
-        return False
-    p.computes[-1] = replace(last, also=last.also + (n.outputs[0].name,))
-    p.nodes[-1:-1] = [n]   # the last node names the kernel when it has no anchor
-    return True
-
-
 def make_kernel(g: Group, prog: Program, name: str) -> Kernel:
     """Name the kernel's buffers b0..bn (so identical kernels print identically and share code)."""
     used: list[str] = []
     for c in g.computes:
-        for x in [c.out, *c.also] + [e.buf for e in walk(c.body) if isinstance(e, Load)] + \
+        for x in [c.out] + [e.buf for e in walk(c.body) if isinstance(e, Load)] + \
                 [e.buf for s in (c.store or ()) for e in walk(s) if isinstance(e, Load)]:
             if x not in used:
                 used.append(x)
@@ -319,8 +294,8 @@ def make_kernel(g: Group, prog: Program, name: str) -> Kernel:
     args = [x for x in used if x not in temps]
     scratch = [x for x in used if x in temps]
     canon = {x: f"b{i}" for i, x in enumerate(args + scratch)}
-    comps = [Compute(canon[c.out], c.axes, c.extents, _final_body(rename_loads(c.body, canon)), c.store, c.hints,
-                     tuple(canon[b] for b in c.also)) for c in g.computes]
+    comps = [Compute(canon[c.out], c.axes, c.extents, _final_body(rename_loads(c.body, canon)), c.store, c.hints)
+             for c in g.computes]
     k = Kernel(name, [Buffer(canon[x], prog.buffers[x].dtype, prog.buffers[x].shape) for x in args],
                [Buffer(canon[x], prog.buffers[x].dtype, prog.buffers[x].shape) for x in scratch], comps)
     k.flops = _flops(g)

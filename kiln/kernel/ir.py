@@ -494,16 +494,13 @@ class Buffer:
 class Compute:
     """for axes in extents: out[store or axes] = body  (body may contain one Reduce over extra axes).
 
-    `store` (default: the axes themselves) lets a compute write a region of its output, as Concat does. `also`:
-    buffers of the output's shape that receive the same value converted to their element type, stored beside it
-    (kernel/build.py `store_beside`: a value's bf16 copy for its bf16 readers, from the epilogue that has it)."""
+    `store` (default: the axes themselves) lets a compute write a region of its output, as Concat does."""
     out: str
     axes: tuple[Var, ...]
     extents: tuple[int, ...]
     body: Expr
     store: tuple[Expr, ...] | None = None
     hints: dict = field(default_factory=dict)  # schedule hints from lowering, e.g. {"nr": 32} for packed panels
-    also: tuple[str, ...] = ()
 
     @property
     def store_index(self) -> tuple[Expr, ...]:
@@ -511,8 +508,7 @@ class Compute:
 
     def __str__(self) -> str:
         dom = ", ".join(f"{v.name}<{n}" for v, n in zip(self.axes, self.extents))
-        beside = "".join(f", {b}[…]" for b in self.also)
-        return f"{self.out}[{', '.join(map(repr, self.store_index))}]{beside} = {self.body!r}   for {dom}"
+        return f"{self.out}[{', '.join(map(repr, self.store_index))}] = {self.body!r}   for {dom}"
 
 
 PARALLEL_MIN_WORK = 1 << 15  # below this many inner iterations a fork/join costs more than it saves

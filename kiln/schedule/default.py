@@ -13,7 +13,6 @@ from kiln.kernel.analysis import coef, flat_index, fuse_contiguous_axes, fuse_ro
 from kiln.kernel.ir import (
     PARALLEL_MIN_WORK,
     Assign,
-    Cast,
     Compute,
     Const,
     Expr,
@@ -30,7 +29,7 @@ from kiln.kernel.ir import (
     is_symbolic,
     walk,
 )
-from kiln.kernel.lower import axes_for, rows_outermost
+from kiln.kernel.lower import rows_outermost
 from kiln.schedule.amx import schedule_amx
 from kiln.schedule.bf16 import bf16_form, schedule_dpbf16
 from kiln.schedule.config import Config, Decisions, powers_of_two
@@ -39,7 +38,6 @@ from kiln.schedule.fuse_rows import fuse_rows
 from kiln.schedule.guards import interior_swap
 from kiln.schedule.primitives import compute_to_loops, fuse, parallel, rename, split, vectorize
 from kiln.schedule.reorder import schedule_reorder
-from kiln.schedule.store_beside import store_beside, stores_of, written_by_call
 from kiln.schedule.tail_calls import tail_calls
 from kiln.schedule.tile import tile_compute
 from kiln.schedule.tile_shape import TileShape, choose_tile
@@ -442,26 +440,8 @@ def schedule_kernel(k: Kernel, target: Target, threads: int, options: dict[str, 
         k.body += split_parallel(nest, dec, threads)
     if options.get("fuse_rows", True):  # per-row statistics and their consumer in one parallel loop (fuse_rows.py)
         k.body = fuse_rows(k, k.body)
-    for i, c in enumerate(k.computes):  # a value's converted copies, stored beside it (store_beside.py)
-        if c.also:
-            k.body = _stored_beside(k, c, str(i), target, threads, options)
     k.decisions = dec
     return k
-
-
-def _stored_beside(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
-                   options: dict[str, bool]) -> list[Stmt]:
-    """The nest with `c.also` written beside each store of `c.out`; where a call writes the output (no Store of
-    every element to hang a twin on), a conversion loop after the nest instead."""
-    if not written_by_call(k.body, c.out) and stores_of(k.body, c.out):
-        return store_beside(k.body, c, {b: k.buffer(b).dtype for b in c.also})
-    body = list(k.body)
-    out = k.buffer(c.out)
-    for j, b in enumerate(c.also):
-        ax = axes_for(out.shape)
-        copy = Compute(b, ax, out.shape, Cast(k.buffer(b).dtype, Load(c.out, ax, out.dtype)))
-        body += schedule_compute(k, copy, f"{tag}c{j}", target, threads, options)
-    return body
 
 
 def split_parallel(nest: list[Stmt], dec: Decisions, threads: int) -> list[Stmt]:

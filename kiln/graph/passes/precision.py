@@ -30,9 +30,8 @@ Two steps, both visible in `compiler.lower`:
 Activations: one Cast to bfloat16 per value that feeds a bf16 anchor. Fusion (kernel/build.py) puts it in the
 producer's epilogue when the anchor is the value's only reader — conv → bias → ReLU → round → store bf16, one
 kernel — so the activations between anchors are stored in bf16 (half the memory traffic). A value read by
-other ops too (a residual branch, attention's skip path) stays float32 for them, and its producer stores the bf16
-copy beside it from the same epilogue (kernel/build.py `_store_beside`, switch `store_beside`). What stays
-float32: softmax, layer/instance normalization (their statistics), reductions, pooling,
+other ops too (a residual branch, attention's skip path) stays float32 for them, and its Cast is a kernel of
+its own. What stays float32: softmax, layer/instance normalization (their statistics), reductions, pooling,
 residual adds, every output. The kernels record how each anchor ran (exe.meta["precision"]): AMX tiles,
 AVX512_BF16 vdpbf16ps ("avx512bf16"), emulated, or "fp32" — on a target whose only bf16 dot product is vdpbf16ps
 (`pairs_only`), an anchor its tile cannot take stays float32 rather than run emulated."""
