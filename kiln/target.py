@@ -92,9 +92,9 @@ def host() -> Target:
     want = os.environ.get(HOST_BITS_ENV, "").strip()
     if not want:
         return t
-    if want not in ("128", "256", "512") or t.arch != "x86_64":
-        raise TargetError(f"{HOST_BITS_ENV}={want!r}: an x86 host takes 128, 256 or 512 (this host: {t.arch}, "
-                          f"{t.vector_bits}-bit vectors)")
+    if want not in ("128", "256", "512") or t.arch != "x86_64" or int(want) > t.vector_bits:
+        raise TargetError(f"{HOST_BITS_ENV}={want!r}: an x86 host takes 128, 256 or 512, no wider than it is (this "
+                          f"host: {t.arch}, {t.vector_bits}-bit vectors)")
     return _narrowed(t, int(want), "host") if int(want) < t.vector_bits else t
 
 
@@ -173,9 +173,10 @@ def host_with(vector_bits: int) -> Target:
     if vector_bits == h.vector_bits:
         return h
     if vector_bits > h.vector_bits:
-        if h.arch != "x86_64" or vector_bits not in (256, 512):
-            raise TargetError(f"this host ({h.cpu}) has {h.vector_bits}-bit vectors; no wider x86 target than "
-                              f"512 bits is defined, and {vector_bits} is no x86 width")
+        if h.arch != "x86_64":
+            raise TargetError(f"the x86 widths are targets of an x86 host; this host ({h.cpu}) is {h.arch}")
+        if vector_bits not in (256, 512):
+            raise TargetError(f"{vector_bits} bits is no x86 vector width (128, 256, 512)")
         feats = ",".join(f"+{f}" for f in _WIDTH_FEATURES[vector_bits])
         name, cpu, regs = ("avx512", "x86-64-v4", 32) if vector_bits == 512 else ("avx2", "x86-64-v3", 16)
         return replace(h, name=name, cpu=cpu, features=feats, vector_bits=vector_bits, vector_registers=regs,
