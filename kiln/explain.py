@@ -31,9 +31,10 @@ def _asm_of(asm: str, name: str) -> str:
     """The assembly of a kernel function and its outlined parallel workers, and of the kernel families they call
     (a member's worker loads its family's address, `….family@GOTOFF`, and calls it)."""
     text = function_asm(asm, [name])
+    if not text:
+        return f"(assembly of {name} not found)"
     families = list(dict.fromkeys(re.findall(r"\$([\w.$]+\.family)@", text)))
-    return "\n".join([text] + ([function_asm(asm, families)] if families else [])) if text else \
-        f"(assembly of {name} not found)"
+    return "\n".join([text, function_asm(asm, families)]) if families else text
 
 
 def _kernel_index(prog: Any, node: str | None) -> int:

@@ -121,7 +121,7 @@ def _narrowed(h: Target, vector_bits: int, name: str) -> Target:
     drop = _WIDTH_DROPS[vector_bits]
     feats = ",".join(("-" + f[1:]) if f[1:].startswith(drop) else f for f in h.features.split(","))
     return replace(h, name=name, features=feats, vector_bits=vector_bits, vector_registers=16,
-                   has_fma=vector_bits > 128)
+                   has_fma=h.has_fma and vector_bits > 128)
 
 
 def _host_caches() -> dict[int, int]:

@@ -40,8 +40,6 @@ def test_explain_assembly_follows_kernel_families(width: str) -> None:
     """A kernel that is a member of a family (codegen/families.py) calls its family's function: explain's assembly
     section prints that function too — on an AVX2 host resnet18's first Winograd product is one, and the section
     had no multiply-add in it."""
-    import re
-
     from kiln import zoo
     from kiln.explain import explain
 

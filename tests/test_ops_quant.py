@@ -903,7 +903,7 @@ def test_int8_mobilenetv2_on_sve_under_qemu(tmp_path) -> None:  # noqa: ANN001
     b = kc.build_binary(model, dataclasses.replace(base, features=base.features + ",+dotprod,+i8mm"),
                         str(tmp_path / "sve"))
     out = kc.run_qemu(b, feeds, vlen=256)[0][0]
-    if "fma" in features_on(resolve("host").features):  # both contract the epilogues' y·s + z alike: bitwise
+    if resolve("host").has_fma:  # both contract the epilogues' y·s + z alike: bitwise
         assert np.array_equal(out, host), np.abs(out - host).max()
     else:  # a host without FMA rounds y·s before the add: within float32's rounding of the outputs
         np.testing.assert_allclose(out, host, rtol=0, atol=4 * np.finfo(np.float32).eps * np.abs(host).max())

@@ -23,7 +23,6 @@ instruction), tested exact under qemu (tests/test_ops_quant.py)."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -37,16 +36,16 @@ DOT = [  # (arch, mnemonic regex, MACs by register class or a fixed count)
     ("aarch64", re.compile(r"^(s|u|us)mmla$"), {"": 32}),
     ("aarch64", re.compile(r"^[su]mlal2?$"), {".8h": 8, ".4s": 4, ".2d": 2}),
 ]
-# (label, target name, features: an override, or "+feature,…" to turn on beside the width's own, or None). The x86
-# rows name their dot product's feature: the width alone has it or not by the host (an AVX2 host's emit-only avx512
-# target is x86-64-v4, no VNNI; Zen 4 has no AVX-VNNI at 256 bits) — static analysis, nothing of it runs
-CONFIGS = [
-    ("x86 AVX-512 VNNI (avx512)", "avx512", "+avx512vnni"),
-    ("x86 AVX-VNNI (avx2)", "avx2", "+avxvnni"),
-    ("x86 SSE, no VNNI (sse)", "sse", None),
-    ("AArch64 NEON + dotprod", "aarch64-neon", "+neon,+fp-armv8,+dotprod"),
-    ("AArch64 NEON + i8mm", "aarch64-neon", "+neon,+fp-armv8,+dotprod,+i8mm"),
-    ("AArch64 NEON", "aarch64-neon", None),
+# (label, target name, features turned on beside the target's own). Each row turns on the dot product it names: an
+# x86 width alone has it or not by the host (an AVX2 host's emit-only avx512 target is x86-64-v4, no VNNI; Zen 4 has
+# no AVX-VNNI at 256 bits) — static analysis, nothing of it runs
+CONFIGS: list[tuple[str, str, tuple[str, ...]]] = [
+    ("x86 AVX-512 VNNI (avx512)", "avx512", ("avx512vnni",)),
+    ("x86 AVX-VNNI (avx2)", "avx2", ("avxvnni",)),
+    ("x86 SSE, no VNNI (sse)", "sse", ()),
+    ("AArch64 NEON + dotprod", "aarch64-neon", ("dotprod",)),
+    ("AArch64 NEON + i8mm", "aarch64-neon", ("dotprod", "i8mm")),
+    ("AArch64 NEON", "aarch64-neon", ()),
 ]
 
 
@@ -88,7 +87,7 @@ class Int8Row:
         return self.loop_instructions / self.macs if self.macs else float("nan")
 
 
-def analyze(label: str, target: str, features: str | None, m: int, k: int, n: int,
+def analyze(label: str, target: str, features: tuple[str, ...], m: int, k: int, n: int,
             strategy: str = "direct") -> Int8Row | None:
     """The row of one target and strategy; None for `ukernel` where the target has no int8 microkernel."""
     from kiln.codegen.int8 import dot_method
@@ -98,11 +97,7 @@ def analyze(label: str, target: str, features: str | None, m: int, k: int, n: in
     from kiln.isa.mca import MCA_CPU, MCA_MATTR, functions, innermost_loops, run_mca
     from kiln.target import resolve, with_features
 
-    tgt = resolve(target)
-    if features and tgt.arch == "x86_64":
-        tgt = with_features(tgt, *(f[1:] for f in features.split(",")))
-    elif features:
-        tgt = dataclasses.replace(tgt, features=features)
+    tgt = with_features(resolve(target), *features) if features else resolve(target)
     # AMX off: an AMX host would put both strategies on its tile kernels (amx_row counts those)
     c = lower(qmatmul_model(m, k, n), tgt, 1, {"amx": False}, strategy=strategy, stop_after="llvm")
     built = {how for kern in c.program.kernels for how in kern.strategies.values()}
