@@ -32,13 +32,13 @@ __version__ = "0.1.0"
 # every switch the pipeline understands (all on by default); `kiln bench --ablate` turns each off in turn
 PASS_OPTIONS: tuple[str, ...] = ("quantize_qdq", "fold_constants", "recognize_gelu", "fold_pad", "fold_batchnorm",
                                  "scale_after_matmul", "elementwise_through_views", "conv1d_as_2d",
-                                 "block_layout", "winograd", "pack_weights", "lower_precision", "fusion",
-                                 "fuse_elementwise", "fuse_epilogue", "fuse_axes", "vectorize", "register_tile",
-                                 "prefetch", "pack_operands", "parallel", "memory_reuse", "amx", "dpbf16",
-                                 "mmla", "compact_rows", "fuse_winograd", "thread_parts",
+                                 "pad_pair_channels", "block_layout", "winograd", "pack_weights", "lower_precision",
+                                 "fusion", "fuse_elementwise", "fuse_epilogue", "fuse_axes", "vectorize",
+                                 "register_tile", "prefetch", "pack_operands", "parallel", "memory_reuse", "amx",
+                                 "dpbf16", "mmla", "compact_rows", "fuse_winograd", "thread_parts",
                                  "fuse_rows", "transpose_blocks", "kernel_families")
 # switches that only matter for a bf16 or int8 build (`kiln bench --ablate` skips them for an fp32 build)
-PRECISION_OPTIONS: tuple[str, ...] = ("lower_precision", "amx", "dpbf16", "mmla")
+PRECISION_OPTIONS: tuple[str, ...] = ("pad_pair_channels", "lower_precision", "amx", "dpbf16", "mmla")
 
 Trace = Callable[[str, Any], None]
 

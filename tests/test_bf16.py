@@ -216,7 +216,7 @@ CONVS = {  # name: (N, Ci, H, W, Co, k, stride, pad)
     "1x1": (1, 256, 7, 7, 64, 1, 1, 0),
     "3x3": (1, 32, 12, 12, 48, 3, 1, 1),
     "3x3-s2": (1, 32, 15, 15, 64, 3, 2, 1),
-    "7x7-s2-rgb": (1, 3, 32, 32, 32, 7, 2, 3),    # NCHW input and output (the stem alone): emulated, see below
+    "7x7-s2-rgb": (1, 3, 32, 32, 32, 7, 2, 3),    # NCHW input and output (the stem alone): see below
     "3x3-batch2": (2, 64, 9, 9, 32, 3, 1, 0),
     # 1.2 MB of bf16 weights (over half of L2) and 61 rows (a block of 32 + edge tiles of 16 and 13): one pass over
     # B, each work item a panel with all its rows (kiln/schedule/amx.py)
@@ -232,8 +232,36 @@ def test_conv(width: str, name: str) -> None:
     # a conv whose output stays NCHW (a short reduction, < 256, with a graph output: block_layout keeps it plain)
     # would store its AMX C block transposed: it runs the emulated direct kernel (kiln/schedule/amx.py)
     paths = {untaken_path(width, amx_takes=False)} if ci * k * k < 256 else None
+    if pads_to_pairs(width, ci):
+        paths = {"avx512bf16"}
     pad = p if takes_winograd(width, ci, co, k, s) else None
     check_bf16(model, feeds, conv(s, p), ci * k * k, width, bias=b.reshape(-1, 1, 1), paths=paths, winograd_pad=pad)
+
+
+def pads_to_pairs(width: str, ci: int) -> bool:
+    """Does a bf16 conv on `ci` input channels read them padded to blocks of 4 at `width` (a few channels no float
+    block divides, on a target whose one bf16 dot product is vdpbf16ps: graph/passes/pad_pair_channels.py)?"""
+    return pairs_only(resolve(width)) and ci < 8
+
+
+@pytest.mark.parametrize("ci", [1, 3, 5])
+def test_few_channels_padded_to_pairs(width: str, ci: int) -> None:
+    """A stem-like 3×3/2 conv on 1, 3 or 5 input channels: where vdpbf16ps is the only bf16 dot product, its input
+    is padded with zero channels to a multiple of 4, reordered into blocks of 4 and taken by the pair tile
+    ("avx512bf16"; 5 channels: two blocks, 3 zero channels), against the bf16 references; elsewhere it is left as
+    it was (no pad in the graph)."""
+    x, w, b = rand(1, ci, 17, 17, seed=40 + ci), rand(32, ci, 3, 3, seed=50 + ci, lo=-0.5, hi=0.5), rand(32, seed=9)
+    model, feeds = op_model("Conv", [x, C(w), C(b)], {"strides": [2, 2], "pads": [1] * 4})
+    padded = pads_to_pairs(width, ci)
+    c = lower(model, resolve(width), 2, check_options({}), precision="bf16", stop_after="kernels")
+    pads = [n for n in c.graph.nodes if n.op == "Pad"]
+    (anchor,) = [n for n in c.graph.nodes if n.op in ("PackedConv", "Conv")]
+    assert len(pads) == padded and bool(anchor.attrs.get("pair_block")) == padded
+    if padded:
+        assert pads[0].outputs[0].shape[1] == -(-ci // 4) * 4 and anchor.attrs["in_block"] == 4
+        assert anchor.attrs["vnni"] and anchor.inputs[0].dtype == "bfloat16"
+    paths = {"avx512bf16"} if padded else {untaken_path(width, amx_takes=False)}
+    check_bf16(model, feeds, conv(2, 1), ci * 9, width, bias=b.reshape(-1, 1, 1), paths=paths)
 
 
 def test_depthwise_stays_fp32(width: str) -> None:

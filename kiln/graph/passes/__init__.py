@@ -16,6 +16,7 @@ from kiln.graph.passes.fold_constants import fold_constants
 from kiln.graph.passes.fold_pad import fold_pad
 from kiln.graph.passes.materialize_outputs import materialize_outputs
 from kiln.graph.passes.pack_weights import pack_weights
+from kiln.graph.passes.pad_pair_channels import pad_pair_channels
 from kiln.graph.passes.precision import lower_precision
 from kiln.graph.passes.quantize_qdq import quantize_qdq
 from kiln.graph.passes.recognize_gelu import recognize_gelu
@@ -39,6 +40,7 @@ GRAPH_PASSES: list[tuple[str, Pass]] = [
     ("elementwise_through_views", elementwise_through_views),
     ("eliminate_dead_code", eliminate_dead_code),  # the views it bypassed
     ("conv1d_as_2d", conv1d_as_2d),
+    ("pad_pair_channels", pad_pair_channels),  # bf16 RGB stems: a 4-channel block for vdpbf16ps
     ("block_layout", block_layout),
     ("winograd", winograd_conv),
     ("pack_weights", pack_weights),

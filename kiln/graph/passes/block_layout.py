@@ -234,10 +234,12 @@ def block_layout(g: Graph, target: Target) -> Graph:
         neon_conv = bf16_tile and n.attrs.get("precision") == "bf16"
         if n.op == "QConv" or (n.op == "Conv" and (not neon_only or neon_conv)):
             x = n.inputs[0]
-            heavy = _heavy(n, target)
+            pair_block = n.attrs.get("pair_block", 0)  # graph/passes/pad_pair_channels.py: a bf16 RGB stem
+            heavy = bool(pair_block) or _heavy(n, target)
             if heavy and id(x) not in twin:  # reorder the NCHW input once (other convs reading x use it too)
                 xb = Value(g.fresh(x.name + ".blocked"), TensorType(x.dtype, ()), producer=None)
-                cb = int8_channel_block(x.shape[1], target) if n.op == "QConv" else channel_block(x.shape[1], target)
+                cb = int8_channel_block(x.shape[1], target) if n.op == "QConv" else \
+                    pair_block or channel_block(x.shape[1], target)
                 node = Node("ToBlocked", [x], [xb], {"cb": cb}, f"{x.name}.to_blocked")
                 (xb.type,) = infer("ToBlocked", [x.type], node.attrs, node.name)
                 xb.producer = node

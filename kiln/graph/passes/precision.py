@@ -28,11 +28,12 @@ Two steps, both visible in `compiler.lower`:
     the epilogue before anything is rounded.
 
 Activations: one Cast to bfloat16 per value that feeds a bf16 anchor. Fusion (kernel/build.py) puts it in the
-producer's epilogue when the anchor is the value's only reader — conv → bias → ReLU → round → store bf16, one
-kernel — so the activations between anchors are stored in bf16 (half the memory traffic). A value read by
-other ops too (a residual branch, attention's skip path) stays float32 for them, and its Cast is a kernel of
-its own. What stays float32: softmax, layer/instance normalization (their statistics), reductions, pooling,
-residual adds, every output. The kernels record how each anchor ran (exe.meta["precision"]): AMX tiles,
+producer's epilogue when the anchor is the value's only reader — conv → bias → ReLU → round → store bf16, one kernel
+— so the activations between anchors are stored in bf16 (half the memory traffic). A value read by other ops too (a
+residual branch, attention's skip path) stays float32 for them, and its Cast is a kernel of its own; a Cast of a
+ToBlocked reorder read by its anchor alone becomes the reorder of a Cast (ToBlocked(Cast(x)): the Cast inlines into
+the reorder, one kernel). What stays float32: softmax, layer/instance normalization (their statistics), reductions,
+pooling, residual adds, every output. The kernels record how each anchor ran (exe.meta["precision"]): AMX tiles,
 AVX512_BF16 vdpbf16ps ("avx512bf16"), emulated, or "fp32" — on a target whose only bf16 dot product is vdpbf16ps
 (`pairs_only`), an anchor its tile cannot take stays float32 rather than run emulated."""
 from __future__ import annotations
@@ -131,8 +132,24 @@ def lower_precision(g: Graph, target: Target | None = None) -> Graph:
     casts: dict[int, Value] = {}   # id(float32 value) → its bf16 Cast
     nodes: list[Node] = []
     keep_fp32 = pairs_only(target)
+    readers = g.consumers()
+    outputs = {id(v) for v in g.outputs}
+    dropped: set[int] = set()      # ToBlocked nodes rebuilt on bf16
 
     def cast(v: Value) -> Value:
+        reorder = v.producer
+        if id(v) not in casts and reorder is not None and reorder.op == "ToBlocked" and id(v) not in outputs \
+                and len(readers.get(id(v), [])) == 1:
+            # ToBlocked(x) read by this anchor alone: ToBlocked(Cast(x)) instead, so that the Cast inlines into the
+            # reorder (one kernel writing half the bytes) rather than being a kernel of its own after it
+            xb = cast(reorder.inputs[0])
+            vb = Value(g.fresh(v.name + ".bf16"), TensorType(BF16, v.shape))
+            node = Node("ToBlocked", [xb], [vb], dict(reorder.attrs), reorder.name)
+            (vb.type,) = infer("ToBlocked", [xb.type], node.attrs, node.name)
+            vb.producer = node
+            nodes.append(node)
+            dropped.add(id(reorder))
+            casts[id(v)] = vb
         if id(v) not in casts:
             vb = Value(g.fresh(v.name + ".bf16"), TensorType(BF16, v.shape))
             node = Node("Cast", [v], [vb], {"to": BF16}, f"{v.name}.to_bf16")
@@ -160,5 +177,5 @@ def lower_precision(g: Graph, target: Target | None = None) -> Graph:
         if n.op in ("PackedMatMul", "PackedConv"):
             n.attrs["vnni"] = True
         nodes.append(n)
-    g.nodes = nodes
+    g.nodes = [n for n in nodes if id(n) not in dropped]
     return g
