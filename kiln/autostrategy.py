@@ -10,7 +10,9 @@ recompile measures nothing.
 
 What it measures is the anchor with no epilogue: the epilogue costs differ between strategies (in registers
 for direct, on the hot tile for ukernel, a separate pass for library), so "auto" slightly favours library on
-layers with heavy epilogues. Only the host can be measured: for another target "auto" is an error."""
+layers with heavy epilogues. Only the host can be measured: for another target "auto" is an error. A node with
+symbolic dims (`dynamic_bounds=`) is measured at its upper bounds — the size its buffers are laid out for; its
+decision is keyed by the symbolic shapes and those bounds."""
 from __future__ import annotations
 
 import hashlib
@@ -24,7 +26,9 @@ from typing import Any
 import numpy as np
 
 from kiln.cachedir import atomic_path, cache_dir, compiler_fingerprint
-from kiln.graph.ir import Graph, Node, Value
+from kiln.graph.ir import Graph, Node, TensorType, Value
+from kiln.graph.ops import infer
+from kiln.graph.symbolic import Bounds, upper
 from kiln.strategy import LIBRARIES, strategy_of
 from kiln.target import Target, host
 
@@ -54,31 +58,33 @@ def candidates(target: Target) -> list[str]:
     return out
 
 
-def signature(n: Node) -> str:
+def signature(n: Node, bounds: Bounds | None = None) -> str:
     attrs = {k: repr(v) for k, v in sorted(n.attrs.items()) if k != "strategy"}
-    ins = [(v.dtype, list(v.shape), v.const is not None) for v in n.inputs]
-    return json.dumps([n.op, ins, attrs])
+    ins = [(v.dtype, [str(d) for d in v.shape], v.const is not None) for v in n.inputs]
+    return json.dumps([n.op, ins, attrs, sorted((bounds or {}).items())])
 
 
-def single_node_graph(n: Node, strategy: str) -> Graph:
-    """The node alone: its variable inputs become graph inputs; constants stay constants."""
+def single_node_graph(n: Node, strategy: str, bounds: Bounds | None = None) -> Graph:
+    """The node alone: its variable inputs become graph inputs (symbolic dims at their upper bounds); constants stay
+    constants."""
     inputs, args = [], []
     for i, v in enumerate(n.inputs):
         if v.const is not None:
             args.append(v)
         else:
-            x = Value(f"in{i}", v.type)
+            x = Value(f"in{i}", TensorType(v.dtype, tuple(upper(d, bounds) for d in v.shape)))
             inputs.append(x)
             args.append(x)
     node = Node(n.op, args, [], {**n.attrs, "strategy": strategy}, n.name)
-    node.outputs = [Value(f"out{i}", v.type, producer=node) for i, v in enumerate(n.outputs)]
+    types = infer(n.op, [v.type for v in args], node.attrs, n.name)
+    node.outputs = [Value(f"out{i}", t, producer=node) for i, t in enumerate(types)]
     return Graph(inputs, list(node.outputs), [node], name=f"auto_{n.op}", output_names=[v.name for v in node.outputs])
 
 
-def time_strategy(n: Node, strategy: str, build: Build) -> tuple[float, str]:
+def time_strategy(n: Node, strategy: str, build: Build, bounds: Bounds | None = None) -> tuple[float, str]:
     """Median seconds of one run of the node built with `strategy`, and how it was actually built (a strategy
     that does not apply falls back to direct)."""
-    exe = build(single_node_graph(n, strategy))
+    exe = build(single_node_graph(n, strategy, bounds))
     rng = np.random.default_rng(0)
     feeds = {s.name: rng.standard_normal(s.shape).astype(s.dtype) for s in exe.inputs}
     for _ in range(2):
@@ -101,10 +107,11 @@ def _decisions_path(key: str) -> str:
     return os.path.join(d, key + ".json")
 
 
-def choose(n: Node, target: Target, threads: int, options: dict[str, bool], build: Build) -> dict:
+def choose(n: Node, target: Target, threads: int, options: dict[str, bool], build: Build,
+           bounds: Bounds | None = None) -> dict:
     """{"best": strategy, "times": {strategy: seconds}} for one node, from the cache or measured (each candidate
     compiled by `build`)."""
-    key = hashlib.sha256(json.dumps([signature(n), target.key, threads, sorted(options.items()),
+    key = hashlib.sha256(json.dumps([signature(n, bounds), target.key, threads, sorted(options.items()),
                                      compiler_fingerprint()]).encode()).hexdigest()[:32]
     path = _decisions_path(key)
     if os.path.exists(path):
@@ -115,7 +122,7 @@ def choose(n: Node, target: Target, threads: int, options: dict[str, bool], buil
             pass
     times: dict[str, float] = {}
     for s in candidates(target):
-        sec, built = time_strategy(n, s, build)
+        sec, built = time_strategy(n, s, build, bounds)
         if built == s:  # a fallback would only re-measure direct
             times[s] = sec
     decision = {"best": min(times, key=times.__getitem__), "times": times}
@@ -130,5 +137,5 @@ def choose_strategies(g: Graph, target: Target, threads: int, options: dict[str,
                          "this host — pick a strategy explicitly")
     for n in g.nodes:
         if strategy_of(n.attrs) == "auto":
-            n.attrs["strategy"] = choose(n, target, threads, options, build)["best"]
+            n.attrs["strategy"] = choose(n, target, threads, options, build, g.bounds)["best"]
     return g

@@ -77,6 +77,30 @@ def test_auto_measures_once_then_reads_its_cache(monkeypatch: pytest.MonkeyPatch
     assert measured == []  # decisions came from the cache
 
 
+def test_auto_with_symbolic_dims(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # noqa: ANN001
+    """A model with a symbolic batch (dynamic_bounds): each anchor is measured in a static single-node build at the
+    bound's upper end (6 rows), and the executable takes every batch within the bounds. (It was a TypeError: the
+    decision's cache key serialized the symbolic shape.)"""
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    m = _two_layer_model()
+    m.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "n"
+    m.graph.output[0].type.tensor_type.shape.dim[0].dim_param = "n"
+    built: list[tuple[int, ...]] = []
+    real = autostrategy.single_node_graph
+
+    def spy(n, s, bounds=None):  # noqa: ANN001, ANN202
+        g = real(n, s, bounds)
+        built.append(g.inputs[0].shape)
+        return g
+    monkeypatch.setattr(autostrategy, "single_node_graph", spy)
+    exe = kiln.compile(m, strategy="auto", cache=False, num_threads=2, dynamic_bounds={"n": (1, 6)})
+    assert set(built) == {(6, 64), (6, 96)}
+    assert set(exe.meta["strategies"]) == {"mm1", "mm2"}
+    for rows in (1, 5):
+        x = rand(rows, 64, seed=rows)
+        np.testing.assert_allclose(exe.run({"x": x})[0], _reference(x), rtol=1e-4, atol=1e-4)
+
+
 def test_auto_refuses_a_target_it_cannot_run() -> None:
     from kiln.frontend.onnx import import_onnx
     from kiln.target import Target
