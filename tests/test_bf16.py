@@ -16,6 +16,8 @@ Two references per output, both in float64:
 """
 from __future__ import annotations
 
+import re
+
 import ml_dtypes
 import numpy as np
 import onnx
@@ -262,6 +264,18 @@ def test_few_channels_padded_to_pairs(width: str, ci: int) -> None:
         assert anchor.attrs["vnni"] and anchor.inputs[0].dtype == "bfloat16"
     paths = {"avx512bf16"} if padded else {untaken_path(width, amx_takes=False)}
     check_bf16(model, feeds, conv(2, 1), ci * 9, width, bias=b.reshape(-1, 1, 1), paths=paths)
+    if padded:  # the reorder's 16 pixels × 4 bf16 channels: two registers, each one word permute (vpermt2w) — not
+        # a butterfly of unpacks and shuffles (codegen/transpose.py interleave_in_two_registers)
+        from kiln.asm import function_asm
+        from kiln.codegen.jit import emit_assembly, optimize
+
+        t = resolve(width)
+        low = lower(model, t, 2, check_options({}), precision="bf16", stop_after="llvm")
+        name = next(k.name for k in low.program.kernels if "toblocked" in k.name)
+        asm = function_asm(emit_assembly(optimize(low.llvm_ir, t), t), [name])
+        assert re.search(r"vperm[ti]2w", asm), asm[:3000]
+        # (5 channels: the pad's select reads the run-time block index — its blends are not the interleave's)
+        assert ci != 3 or not re.search(r"vpunpck|vpshufb", asm), asm[:3000]
 
 
 def test_depthwise_stays_fp32(width: str) -> None:

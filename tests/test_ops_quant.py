@@ -380,9 +380,9 @@ def test_rgb_stem_quantize_reorders_rows(width: str, c: int, w: int) -> None:
     assert any("toblocked" in k.name for k in low.program.kernels)
     assert "masked.gather" not in low.llvm_ir, "the reorder's row loads are gathers (clamped indices?)"
     t = resolve(width)
-    if t.vector_bits == 512 and c == 3:  # 16 4-byte pixels interleaved by one permute of one register, not a
-        # butterfly of byte and word unpacks (codegen/transpose.py interleave_in_one_register; 24 channels: blocks
-        # of 8 bytes, two registers' worth — the butterfly)
+    if t.vector_bits == 512:  # 16 4-byte pixels interleaved by one permute of one register, not a butterfly of
+        # byte and word unpacks (codegen/transpose.py interleave_in_one_register; 24 channels: blocks of 8 bytes,
+        # two registers' worth — a two-source permute per register, interleave_in_two_registers)
         from kiln.asm import function_asm
 
         name = next(k.name for k in low.program.kernels if "toblocked" in k.name)

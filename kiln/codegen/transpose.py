@@ -23,6 +23,7 @@ from kiln.codegen.exprs import ExprEmitter
 from kiln.codegen.int8 import join_lanes, lane_slice
 from kiln.kernel.analysis import coef, flat_index
 from kiln.kernel.ir import Bin, Const, Expr, If, Load, Loop, Store, uses_var, walk
+from kiln.target import features_on
 
 I1 = ir.IntType(1)
 BLOCK = 16  # lanes per transposed block: one AVX-512 register of f32
@@ -79,6 +80,37 @@ def interleave_in_one_register(em: ExprEmitter, vals: list[ir.Value], n: int) ->
     whole = em.b.shuffle_vector(whole, ir.Constant(whole.type, ir.Undefined), ir.Constant(
         ir.VectorType(I32, R * n), [(e % R) * n + e // R for e in range(R * n)]))
     return [lane_slice(em, whole, q * n, n) for q in range(R)]
+
+
+# the two-source permute of a whole AVX-512 register, by element bytes: vpermt2d, vpermt2w, vpermt2b
+TWO_SOURCE_PERMUTE = {4: "avx512f", 2: "avx512bw", 1: "avx512vbmi"}
+
+
+def fits_two_registers(em: ExprEmitter, R: int, n: int, elem: int) -> bool:
+    """Do R rows of n elements of `elem` bytes, padded to a power-of-two row count, fill exactly two registers of a
+    target with a two-source permute for that element size?"""
+    t = em.target
+    if t is None or t.arch != "x86_64" or R < 2 or elem not in TWO_SOURCE_PERMUTE:
+        return False
+    rows = 1 << (R - 1).bit_length()
+    return rows * n * elem * 8 == 2 * t.vector_bits and TWO_SOURCE_PERMUTE[elem] in features_on(t.features)
+
+
+def interleave_in_two_registers(em: ExprEmitter, vals: list[ir.Value], n: int) -> list[ir.Value]:
+    """`interleave` where the rows fill two registers (an RGB stem's bf16 blocked input: 16 pixels × 4 channels × 2
+    bytes): the first half of the rows concatenated into one register, the second half into the other, and each
+    output register one two-source permute of them (vpermt2w) — the butterfly took ~40 shuffles and a spill per 16
+    pixels there. Returned as R vectors of n lanes, slices of the output registers."""
+    R = len(vals)
+    rows = list(vals) + [ir.Constant(vals[0].type, ir.Undefined)] * ((1 << (R - 1).bit_length()) - R)
+    half = len(rows) // 2
+    lo, hi = join_lanes(em, rows[:half]), join_lanes(em, rows[half:])
+    m = half * n  # lanes per register
+    regs = []
+    for k in range(-(-R * n // m)):
+        idx = [(t % R) * n + t // R if t < R * n else 0 for t in range(k * m, (k + 1) * m)]
+        regs.append(em.b.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(I32, m), idx)))
+    return [lane_slice(em, regs[q * n // m], q * n % m, n) for q in range(R)]
 
 
 def _gather_lanes(b: ir.IRBuilder, vals: list[ir.Value], src: list[tuple[int, int]], n: int) -> ir.Value:
@@ -218,7 +250,10 @@ def transposed_store_group(b: ir.IRBuilder, em: ExprEmitter, s: Loop) -> bool:
         wide = [j for j in range(n) for _ in range(R)]
         bits = R * n * elem_bytes(mt) * 8
         one = em.target is not None and em.target.arch == "x86_64" and bits <= em.target.vector_bits and R > 1
-        for q, out in enumerate(interleave_in_one_register(em, vals, n) if one else interleave(b, vals, n)):
+        outs = interleave_in_one_register(em, vals, n) if one else \
+            interleave_in_two_registers(em, vals, n) if fits_two_registers(em, R, n, elem_bytes(mt)) else \
+            interleave(b, vals, n)
+        for q, out in enumerate(outs):
             p = b.gep(ptr, [b.add(base, ir.Constant(I64, q * n))], source_etype=mt)
             if em.vec.mask is None:
                 b.store(out, p, align=align)
