@@ -343,6 +343,8 @@ def test_unknown_precision_is_refused() -> None:
     model, _ = op_model("MatMul", [rand(4, 4), C(rand(4, 4))])
     with pytest.raises(ValueError, match="unknown precision 'fp16'"):
         kiln.compile(model, precision="fp16")
+    with pytest.raises(ValueError, match=r"unknown precision 'int8'.*kiln\.quantize\(model, calibration_feeds\)"):
+        kiln.compile(model, precision="int8")
 
 
 def test_precision_in_cache_key(tmp_path, monkeypatch) -> None:

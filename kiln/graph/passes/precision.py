@@ -53,7 +53,9 @@ BF16 = "bfloat16"
 
 def check_precision(p: str) -> str:
     if p not in PRECISIONS:
-        raise ValueError(f"unknown precision {p!r}; known: {', '.join(PRECISIONS)}")
+        hint = " (int8 is a quantized model: kiln.quantize(model, calibration_feeds), then compile it — or " \
+            "`kiln compile --quantize int8 --calibrate DATA.npz`)" if p in ("int8", "uint8") else ""
+        raise ValueError(f"unknown precision {p!r}; known: {', '.join(PRECISIONS)}{hint}")
     return p
 
 
