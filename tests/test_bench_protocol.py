@@ -216,3 +216,40 @@ def test_unpicklable_system_goes_by_name():
     assert protocol._payload(sys_) == "onnxruntime"
     assert protocol._payload(NumpyGemm()) is not None and not isinstance(
         protocol._payload(NumpyGemm()), str)
+
+
+class CountsBuilds(NumpyGemm):
+    """Asks for the ONNX model twice in prepare and remembers what it saw."""
+    name = "counts"
+
+    def prepare(self, w, threads, strategy="default"):
+        self.built_before = BUILDS[0]
+        self.models = [w.build_model(), w.build_model()]
+        return super().prepare(w, threads, strategy)
+
+
+BUILDS = [0]
+
+
+def test_compile_time_starts_from_the_built_model():
+    """The worker builds the workload's ONNX model (a zoo network's random weights) before its compile clock starts,
+    and hands each request of the system a fresh copy: the model was built once, before prepare, and the copies are
+    equal to it and distinct from each other (a system may change the proto it is given)."""
+    import dataclasses
+
+    from kiln.bench import worker
+
+    w = workloads.gemm_workload("gemm_test", 48, 40, 56)
+    build = w.build_model
+
+    def counted():
+        BUILDS[0] += 1
+        return build()
+    st = worker._State()
+    st.system, st.strategy = CountsBuilds(), "default"
+    status, compile_s, _, outs, _ = worker._prepare(st, dataclasses.replace(w, build_model=counted), 1)
+    assert status == "ok" and compile_s >= 0 and BUILDS[0] == 1
+    assert st.system.built_before == 1
+    a, b = st.system.models
+    assert a is not b and a.SerializeToString() == b.SerializeToString() == build().SerializeToString()
+    np.testing.assert_allclose(outs[0], w.inputs["A"] @ w.gemm.b, rtol=1e-6)
