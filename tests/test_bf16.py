@@ -246,6 +246,26 @@ def pads_to_pairs(width: str, ci: int) -> bool:
     return pairs_only(resolve(width)) and ci < 8
 
 
+def test_pair_pad_follows_block_layout() -> None:
+    """The channel pad is for the blocked pair tile: with the switch `block_layout` off (`kiln bench --ablate`) the
+    pass leaves the conv as it was. On an avx512 target with AVX512_BF16 and without AMX, whatever this host is."""
+    import dataclasses
+
+    from kiln.frontend.onnx import import_onnx
+    from kiln.graph.passes.pad_pair_channels import pad_pair_channels
+    from kiln.graph.passes.precision import assign_precision
+    from kiln.target import AMX_FEATURES, with_features
+
+    t = with_features(resolve("avx512"), "avx512bf16")
+    t = dataclasses.replace(t, features=",".join(f for f in t.features.split(",") if f[1:] not in AMX_FEATURES))
+    assert pairs_only(t)
+    for blocked in (True, False):
+        model, _ = op_model("Conv", [rand(1, 3, 9, 9), C(rand(8, 3, 3, 3))], {"strides": [2, 2]})
+        g = pad_pair_channels(assign_precision(import_onnx(model), "bf16"), t, {"block_layout": blocked})
+        assert [n.op for n in g.nodes] == (["Pad", "Conv"] if blocked else ["Conv"])
+        assert g.nodes[-1].inputs[1].shape == ((8, 4, 3, 3) if blocked else (8, 3, 3, 3))
+
+
 @pytest.mark.parametrize("ci", [1, 3, 5])
 def test_few_channels_padded_to_pairs(width: str, ci: int) -> None:
     """A stem-like 3×3/2 conv on 1, 3 or 5 input channels: where vdpbf16ps is the only bf16 dot product, its input

@@ -25,7 +25,7 @@ from kiln.graph.passes.winograd import winograd_conv
 from kiln.graph.symbolic import using_bounds
 from kiln.target import Target
 
-Pass = Callable[..., Graph]  # Graph → Graph, optionally also given the Target
+Pass = Callable[..., Graph]  # Graph → Graph, optionally also given the Target and the options (by parameter name)
 
 # (option name, pass); options that are off skip their pass. materialize_outputs is required.
 GRAPH_PASSES: list[tuple[str, Pass]] = [
@@ -64,7 +64,8 @@ def run_graph_passes(g: Graph, options: dict[str, bool], target: Target,
         if opt and not options.get(opt, True):
             continue
         with using_bounds(g.bounds):  # symbolic dims: the graph's bounds decide comparisons in the pass
-            g = p(g, target) if "target" in inspect.signature(p).parameters else p(g)
+            params = inspect.signature(p).parameters
+            g = p(g, **{k: v for k, v in (("target", target), ("options", options)) if k in params})
         ran = p.__name__
         if each:
             _verify_after(g, ran)

@@ -34,8 +34,8 @@ def _takes(n: Node, target: Target) -> bool:
             and x.shape[1] < PAIR_BLOCK * 2 and channel_block(x.shape[1], target) == 0)
 
 
-def pad_pair_channels(g: Graph, target: Target) -> Graph:
-    if not pairs_only(target):
+def pad_pair_channels(g: Graph, target: Target, options: dict[str, bool] | None = None) -> Graph:
+    if not pairs_only(target) or not (options or {}).get("block_layout", True):  # the pad is for the blocked tile
         return g
     nodes: list[Node] = []
     padded: dict[int, Value] = {}  # id(x) → Pad(x): convs reading the same input share one pad
