@@ -72,8 +72,7 @@ def _prebuilt(workload: Any) -> Any:
 
     import onnx
 
-    if not dataclasses.is_dataclass(workload) or not callable(getattr(workload, "build_model", None)) \
-            or getattr(workload, "build_torch", None) is not None:  # a torch model: built by the system itself
+    if workload.build_torch is not None:  # a torch model: built by the system itself
         return workload
     model = workload.build_model()
 

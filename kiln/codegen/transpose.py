@@ -70,13 +70,18 @@ def interleave(b: ir.IRBuilder, vals: list[ir.Value], n: int) -> list[ir.Value]:
     return outs
 
 
+def _pow2_rows(R: int) -> int:
+    """R rows padded to a power of two (poison rows: join_lanes concatenates pairwise)."""
+    return 1 << (R - 1).bit_length()
+
+
 def interleave_in_one_register(em: ExprEmitter, vals: list[ir.Value], n: int) -> list[ir.Value]:
     """`interleave` where the R·n elements fit one register (the 4-byte pixels of an int8 stem's blocked input: four
     <16 x i8>): the vectors concatenated, one permute, split back — where the butterfly's log2(n) stages took ~40
     shuffles per 64 bytes (mobilenetv2 int8's input quantize)."""
     R = len(vals)
     poison = ir.Constant(vals[0].type, ir.Undefined)
-    whole = join_lanes(em, list(vals) + [poison] * ((1 << (R - 1).bit_length()) - R))
+    whole = join_lanes(em, list(vals) + [poison] * (_pow2_rows(R) - R))
     whole = em.b.shuffle_vector(whole, ir.Constant(whole.type, ir.Undefined), ir.Constant(
         ir.VectorType(I32, R * n), [(e % R) * n + e // R for e in range(R * n)]))
     return [lane_slice(em, whole, q * n, n) for q in range(R)]
@@ -92,8 +97,7 @@ def fits_two_registers(em: ExprEmitter, R: int, n: int, elem: int) -> bool:
     t = em.target
     if t is None or t.arch != "x86_64" or R < 2 or elem not in TWO_SOURCE_PERMUTE:
         return False
-    rows = 1 << (R - 1).bit_length()
-    return rows * n * elem * 8 == 2 * t.vector_bits and TWO_SOURCE_PERMUTE[elem] in features_on(t.features)
+    return _pow2_rows(R) * n * elem * 8 == 2 * t.vector_bits and TWO_SOURCE_PERMUTE[elem] in features_on(t.features)
 
 
 def interleave_in_two_registers(em: ExprEmitter, vals: list[ir.Value], n: int) -> list[ir.Value]:
@@ -102,7 +106,7 @@ def interleave_in_two_registers(em: ExprEmitter, vals: list[ir.Value], n: int) -
     output register one two-source permute of them (vpermt2w) — the butterfly took ~40 shuffles and a spill per 16
     pixels there. Returned as R vectors of n lanes, slices of the output registers."""
     R = len(vals)
-    rows = list(vals) + [ir.Constant(vals[0].type, ir.Undefined)] * ((1 << (R - 1).bit_length()) - R)
+    rows = list(vals) + [ir.Constant(vals[0].type, ir.Undefined)] * (_pow2_rows(R) - R)
     half = len(rows) // 2
     lo, hi = join_lanes(em, rows[:half]), join_lanes(em, rows[half:])
     m = half * n  # lanes per register

@@ -15,7 +15,6 @@ from __future__ import annotations
 import numpy as np
 
 from kiln.graph.ir import Graph, Node, TensorType, Value
-from kiln.graph.ops import infer
 from kiln.graph.passes.block_layout import BLOCKED_STRATEGIES, channel_block
 from kiln.graph.passes.precision import pairs_only
 from kiln.strategy import strategy_of
@@ -37,27 +36,18 @@ def _takes(n: Node, target: Target) -> bool:
 def pad_pair_channels(g: Graph, target: Target, options: dict[str, bool] | None = None) -> Graph:
     if not pairs_only(target) or not (options or {}).get("block_layout", True):  # the pad is for the blocked tile
         return g
-    nodes: list[Node] = []
+    old, g.nodes = g.nodes, []      # rebuilt in order: g.add appends each pad before its conv
     padded: dict[int, Value] = {}  # id(x) → Pad(x): convs reading the same input share one pad
-    for n in g.nodes:
-        if not _takes(n, target):
-            nodes.append(n)
-            continue
-        x, w = n.inputs[0], n.inputs[1]
-        ci = x.shape[1]
-        extra = -ci % PAIR_BLOCK
-        if extra and id(x) not in padded:
-            attrs = {"pads": (0, 0, 0, 0, 0, extra, 0, 0), "mode": "constant", "value": 0.0}
-            pad = Node("Pad", [x], [], attrs, f"{n.name}.pad_channels")
-            (t,) = infer("Pad", [x.type], attrs, pad.name)
-            pad.outputs = [Value(g.fresh(x.name + ".pad_channels"), t, producer=pad)]
-            nodes.append(pad)
-            padded[id(x)] = pad.outputs[0]
-        wp = np.zeros((w.shape[0], ci + extra) + w.shape[2:], np.float32)
-        wp[:, :ci] = w.const
-        wv = Value(g.fresh(w.name + ".pad_channels"), TensorType("float32", wp.shape), const=wp)
-        n.inputs = [padded.get(id(x), x), wv] + n.inputs[2:]
-        n.attrs = {**n.attrs, "pair_block": PAIR_BLOCK}
-        nodes.append(n)
-    g.nodes = nodes
+    for n in old:
+        if _takes(n, target):
+            x, w = n.inputs[0], n.inputs[1]
+            extra = -x.shape[1] % PAIR_BLOCK
+            if extra and id(x) not in padded:
+                (padded[id(x)],) = g.add("Pad", [x], {"pads": (0, 0, 0, 0, 0, extra, 0, 0), "mode": "constant",
+                                                      "value": 0.0}, f"{n.name}.pad_channels")
+            wp = np.pad(w.const, ((0, 0), (0, extra), (0, 0), (0, 0)))
+            wv = Value(g.fresh(w.name + ".pad_channels"), TensorType("float32", wp.shape), const=wp)
+            n.inputs = [padded.get(id(x), x), wv] + n.inputs[2:]
+            n.attrs = {**n.attrs, "pair_block": PAIR_BLOCK}
+        g.nodes.append(n)
     return g

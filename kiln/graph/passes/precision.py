@@ -41,7 +41,6 @@ from __future__ import annotations
 import numpy as np
 
 from kiln.graph.ir import Graph, Node, TensorType, Value
-from kiln.graph.ops import infer
 from kiln.target import AMX_FEATURES, Target, features_on
 
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16")
@@ -132,41 +131,33 @@ def _pair_tile_takes(n: Node) -> bool:
 
 def lower_precision(g: Graph, target: Target | None = None) -> Graph:
     casts: dict[int, Value] = {}   # id(float32 value) → its bf16 Cast
-    nodes: list[Node] = []
     keep_fp32 = pairs_only(target)
     readers = g.consumers()
     outputs = {id(v) for v in g.outputs}
     dropped: set[int] = set()      # ToBlocked nodes rebuilt on bf16
+    old, g.nodes = g.nodes, []     # rebuilt in order: g.add appends the casts before their anchors
 
     def cast(v: Value) -> Value:
+        if id(v) in casts:
+            return casts[id(v)]
         reorder = v.producer
-        if id(v) not in casts and reorder is not None and reorder.op == "ToBlocked" and id(v) not in outputs \
+        if reorder is not None and reorder.op == "ToBlocked" and id(v) not in outputs \
                 and len(readers.get(id(v), [])) == 1:
             # ToBlocked(x) read by this anchor alone: ToBlocked(Cast(x)) instead, so that the Cast inlines into the
             # reorder (one kernel writing half the bytes) rather than being a kernel of its own after it
-            xb = cast(reorder.inputs[0])
-            vb = Value(g.fresh(v.name + ".bf16"), TensorType(BF16, v.shape))
-            node = Node("ToBlocked", [xb], [vb], dict(reorder.attrs), reorder.name)
-            (vb.type,) = infer("ToBlocked", [xb.type], node.attrs, node.name)
-            vb.producer = node
-            nodes.append(node)
+            (casts[id(v)],) = g.add("ToBlocked", [cast(reorder.inputs[0])], dict(reorder.attrs), reorder.name,
+                                    [g.fresh(v.name + ".bf16")])
             dropped.add(id(reorder))
-            casts[id(v)] = vb
-        if id(v) not in casts:
-            vb = Value(g.fresh(v.name + ".bf16"), TensorType(BF16, v.shape))
-            node = Node("Cast", [v], [vb], {"to": BF16}, f"{v.name}.to_bf16")
-            (vb.type,) = infer("Cast", [v.type], node.attrs, node.name)
-            vb.producer = node
-            nodes.append(node)
-            casts[id(v)] = vb
+        else:
+            (casts[id(v)],) = g.add("Cast", [v], {"to": BF16}, f"{v.name}.to_bf16", [g.fresh(v.name + ".bf16")])
         return casts[id(v)]
 
-    for n in g.nodes:
+    for n in old:
         if _convertible(n) and keep_fp32 and not _pair_tile_takes(n):
             n.attrs["precision"] = "fp32"
             n.attrs["bf16_kept_fp32"] = True   # exe.meta["precision"] says "fp32" for it
         if not _convertible(n):
-            nodes.append(n)
+            g.nodes.append(n)
             continue
         ins = list(n.inputs)
         ins[0] = cast(ins[0])
@@ -178,6 +169,6 @@ def lower_precision(g: Graph, target: Target | None = None) -> Graph:
         n.inputs = ins
         if n.op in ("PackedMatMul", "PackedConv"):
             n.attrs["vnni"] = True
-        nodes.append(n)
-    g.nodes = [n for n in nodes if id(n) not in dropped]
+        g.nodes.append(n)
+    g.nodes = [n for n in g.nodes if id(n) not in dropped]
     return g
