@@ -36,9 +36,10 @@ PASS_OPTIONS: tuple[str, ...] = ("quantize_qdq", "fold_constants", "recognize_ge
                                  "fusion", "fuse_elementwise", "fuse_epilogue", "fuse_axes", "vectorize",
                                  "register_tile", "prefetch", "pack_operands", "parallel", "memory_reuse", "amx",
                                  "dpbf16", "mmla", "compact_rows", "fuse_winograd", "thread_parts",
-                                 "fuse_rows", "transpose_blocks", "kernel_families")
+                                 "fuse_rows", "transpose_blocks", "kernel_families", "word_weights")
 # switches that only matter for a bf16 or int8 build (`kiln bench --ablate` skips them for an fp32 build)
-PRECISION_OPTIONS: tuple[str, ...] = ("pad_pair_channels", "lower_precision", "amx", "dpbf16", "mmla")
+PRECISION_OPTIONS: tuple[str, ...] = ("pad_pair_channels", "lower_precision", "amx", "dpbf16", "mmla",
+                                      "word_weights")
 
 Trace = Callable[[str, Any], None]
 

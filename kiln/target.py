@@ -214,6 +214,12 @@ def with_features(t: Target, *names: str) -> Target:
     return replace(t, name=f"{t.name}+{'+'.join(names)}", features=",".join(kept + [f"+{n}" for n in names]))
 
 
+def without_features(t: Target, *names: str) -> Target:
+    """`t` with these features turned off (a CPU variant: Zen 3's AVX2 without VNNI, built on any x86 host)."""
+    kept = [f for f in t.features.split(",") if f and f[1:] not in names]
+    return replace(t, name=f"{t.name}-{'-'.join(names)}", features=",".join(kept + [f"-{n}" for n in names]))
+
+
 def missing_features(t: Target) -> list[str]:
     """The features `t`'s code uses that this machine lacks ([] when its code runs here)."""
     h = host()

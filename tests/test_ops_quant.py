@@ -677,6 +677,28 @@ def int8_ukernel_cases() -> list[tuple[str, onnx.ModelProto, dict[str, np.ndarra
 
 
 @pytest.mark.parametrize("case", range(5), ids=[c[0] for c in int8_ukernel_cases()])
+@pytest.mark.parametrize("strategy", ["direct", "ukernel"])
+def test_word_weights_without_vnni(width: str, case: int, strategy: str) -> None:
+    """x86 without VNNI (graph/quant_pack.py dot_group): the dense integer anchors' weights packed as int16 pairs,
+    one pmaddwd per pair (kernel/dot.py Dot2, the u8s16 / s8s16 microkernels) — the same integers as with the
+    bytes widened in the loop (switch `word_weights` off) and exact against onnxruntime; with VNNI (u8 activations)
+    the weights stay bytes. At every width; emitted only where this CPU cannot run it."""
+    _, m, feeds = int8_ukernel_cases()[case]
+    tgt = resolve(width)
+    c = lower(m, tgt, 2, check_options({}), strategy=strategy, stop_after="object")
+    packed = [n.inputs[1] for n in c.graph.nodes if n.op in ("QPackedConv", "QPackedMatMul")]
+    assert packed and {v.dtype for v in packed} == {"int8" if vnni_widths(tgt) else "int16"}, packed
+    assert c.objs and all(o[:4] == b"\x7fELF" for o in c.objs)
+    if not vnni_widths(tgt):
+        ukr = {name for k in c.program.kernels for name in k.extern_ir if name.startswith("kiln_ukr_")}
+        assert strategy == "direct" or (ukr and all("s16_" in name for name in ukr)), ukr
+    got = compare(m, feeds, target=width, strategy=strategy)
+    if got is not None:
+        bytes_ = run_kiln(m, feeds, target=width, strategy=strategy, word_weights=False)
+        assert all(np.array_equal(g, b) for g, b in zip(got, bytes_))
+
+
+@pytest.mark.parametrize("case", range(5), ids=[c[0] for c in int8_ukernel_cases()])
 def test_int8_ukernel_strategy(width: str, case: int) -> None:
     """strategy="ukernel": the integer anchors on the 8-bit microkernels (kiln/ukernels/dot.py: vpdpbusd where the
     width has VNNI and A is u8, else vpmaddwd), exact against onnxruntime (integer outputs); every anchor is built
@@ -707,7 +729,8 @@ def test_int8_ukernels_against_numpy() -> None:
     for method, feature in needs.items():
         lanes, main_mr = METHODS[method]
         signed = "u8s8" if method.startswith("vnni") else "s8s8"  # vpdpbusd multiplies u8 by s8
-        for ab, mr, nr in (("u8s8", main_mr, 2 * lanes), (signed, max(1, main_mr - 3), lanes)):
+        words = [] if method.startswith("vnni") else [("u8s16", main_mr, lanes), ("s8s16", 2, 2 * lanes)]
+        for ab, mr, nr in [("u8s8", main_mr, 2 * lanes), (signed, max(1, main_mr - 3), lanes)] + words:
             uk = dot_ukernel(method, ab, mr, nr)
             mod = llvm.parse_assembly(uk.ir_text.replace("define internal", "define"))
             mod.verify()
@@ -725,10 +748,12 @@ def test_int8_ukernels_against_numpy() -> None:
             fn = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                                            ctypes.c_void_p] + [ctypes.c_int64] * 8))(ee.get_function_address(uk.name))
             (n2, s2), (n1, s1), (n0, s0), k4, rows = (2, 1001), (3, 307), (2, 41), 5, mr - 1 or 1
-            lda = 4 * k4 + 37
-            a = rng.integers(0 if ab == "u8s8" else -128, 256 if ab == "u8s8" else 128, rows * lda + 2 * 1001
-                             + 64).astype(np.uint8 if ab == "u8s8" else np.int8)
-            b = rng.integers(-128, 128, (n2 * n1 * n0, k4, nr, 4)).astype(np.int8)
+            g = 2 if ab.endswith("s16") else 4  # int16 weights: a group is a pair (of A's bytes, of B's words)
+            lda = g * k4 + 37
+            a = rng.integers(0 if ab[0] == "u" else -128, 256 if ab[0] == "u" else 128, rows * lda + 2 * 1001
+                             + 64).astype(np.uint8 if ab[0] == "u" else np.int8)
+            b = rng.integers(-128, 128, (n2 * n1 * n0, k4, nr, 4)).astype(np.int8) if g == 4 else \
+                rng.integers(-32768, 32768, (n2 * n1 * n0, k4, nr, 2)).astype(np.int16)  # the whole int16 range
             c = np.full((mr, nr), 12345, np.int32)
             fn(a.ctypes.data, lda, rows, b.ctypes.data, c.ctypes.data, nr, n2, s2, n1, s1, n0, s0, k4)
             want = np.zeros((mr, nr), np.int64)
@@ -738,7 +763,7 @@ def test_int8_ukernels_against_numpy() -> None:
                     for i1 in range(n1):
                         for i0 in range(n0):
                             at = min(i, rows - 1) * lda + i2 * s2 + i1 * s1 + i0 * s0
-                            av = a[at:at + 4 * k4].astype(np.int64).reshape(k4, 4)
+                            av = a[at:at + g * k4].astype(np.int64).reshape(k4, g)
                             want[i] += np.einsum("qg,qjg->j", av, b[s].astype(np.int64))
                             s += 1
             assert np.array_equal(c, want), (method, ab, mr, nr)

@@ -26,7 +26,8 @@ I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType
 F32, F64 = ir.FloatType(), ir.DoubleType()
 PTR = ir.PointerType()
 
-SCALAR: dict[str, ir.Type] = {"float32": F32, "float64": F64, "int64": I64, "int32": I32, "int8": I8, "uint8": I8,
+SCALAR: dict[str, ir.Type] = {"float32": F32, "float64": F64, "int64": I64, "int32": I32, "int16": I16, "int8": I8,
+                              "uint8": I8,
                               "bool": I1, "bfloat16": F32}
 # bool is one byte in memory, as in numpy; bfloat16 is the upper half of a float32 (values are float32 in registers:
 # widened exactly on load, rounded to nearest even on store — codegen/bf16.py)

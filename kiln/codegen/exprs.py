@@ -285,6 +285,9 @@ class ExprEmitter(MemoryAccess):
         if isinstance(e, LaneDot4):  # per-lane 8-bit dot products: an int8 depthwise conv's taps (codegen/int8.py)
             from kiln.codegen.int8 import emit_lane_dot4
             return emit_lane_dot4(self, e)
+        if isinstance(e, Dot2) and e.dtype == "int32":  # 8-bit × int16 pairs: pmaddwd (codegen/int8.py)
+            from kiln.codegen.int8 import emit_word_dot2
+            return emit_word_dot2(self, e)
         if isinstance(e, Dot2):  # bf16 pair dot products: vdpbf16ps (codegen/dpbf16.py)
             from kiln.codegen.dpbf16 import emit_dot2
             return emit_dot2(self, e)

@@ -6,13 +6,21 @@ In a vector loop of n int32 lanes, with `a` uniform and `b` 4 bytes per lane (we
     b  = load <4n x i8> at &b                                     (masked per lane on an edge iteration)
     x86 AVX-512 VNNI:   vpdpbusd.512 on 16-lane pieces              (u8 × s8, no saturation)
     x86 AVX-VNNI / VL:  vpdpbusd.256 / .128 on 8 / 4-lane pieces     (target "avx2" on a VNNI host: {vex} form)
-    x86 without VNNI:   pmaddwd on the widened pairs (a0,a1)·(b0,b1) + (a2,a3)·(b2,b3): u8 and s8 sign/zero-
-                        extended to int16, exact (`vpmaddubsw` would saturate u8·s8 pairs at int16)
+    x86, s8 A:          (a VNNI CPU; without VNNI the weights are int16 and the products `Dot2`, below) pmaddwd on
+                        the widened pairs (a0,a1)·(b0,b1) + (a2,a3)·(b2,b3): u8 and s8 sign/zero-extended to int16,
+                        exact (`vpmaddubsw` would saturate u8·s8 pairs at int16)
     AArch64 dotprod:    SDOT (s8 × s8, activations signed there: kiln.graph.quant_ops.activation_dtype); with i8mm
                         the register tile takes its rows in pairs and runs SMMLA instead (`Mmla`, codegen/mmla.py)
     anything else:      the plain widening arithmetic of `Dot4.expand` (LLVM picks the widening MACs)
 
 Outside that pattern (scalar code, a varying `a`) it is emitted as `Dot4.expand()`.
+
+On x86 without VNNI the weights are int16 pairs instead (graph/quant_pack.py dot_group) and the anchors' products
+are `Dot2`s, one `pmaddwd` per pair (`emit_word_dot2`):
+
+    a2 = the 2 activations, zero- (or sign-) extended to int16 and broadcast as one 32-bit word
+    b  = load <2n x i16> at &b                                    (lane i: the pair at 2·i; masked on an edge)
+    acc + pmaddwd(a2, b) per 4 / 8 / 16-lane piece                (exact: 8-bit × 16-bit products, int32 sums)
 
 `dot_method(target)` names what a target gets; `kiln.compile` records it in `exe.meta["int8"]`."""
 from __future__ import annotations
@@ -20,7 +28,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from kiln.kernel.analysis import coef, unclamped_index
-from kiln.kernel.dot import Dot4, LaneDot4
+from kiln.kernel.dot import Dot2, Dot4, LaneDot4
 from kiln.kernel.ir import Const, Load, Select
 from kiln.target import Target, features_on, vnni_widths
 
@@ -42,8 +50,9 @@ def dot_method(target: Target) -> str:
         return "vpdpbusd (AVX-VNNI, 256-bit)" if "avxvnni" in f and target.vector_bits < 512 \
             else "vpdpbusd (AVX-512 VNNI + VL, 256-bit)"
     if target.arch == "x86_64":
-        return ("no VNNI on this target: u8/s8 widened to int16 and multiplied with pmaddwd (exact, no "
-                "saturation; about 18x the instructions per multiply-accumulate of vpdpbusd: python -m kiln.isa.int8)")
+        return ("no VNNI on this target: weights packed as int16 pairs, one pmaddwd per pair of activations (exact, "
+                "no saturation; about 3.5x the instructions per multiply-accumulate of vpdpbusd at 256 bits: "
+                "python -m kiln.isa.int8)")
     neon = " in 128-bit NEON registers (the SVE target's packed GEMMs)" if target.scalable else ""
     if target.arch == "aarch64" and "i8mm" in f:
         return f"smmla (AArch64 i8mm: 2×2 blocks, schedule/mmla.py; sdot on one-row tiles){neon}"
@@ -73,6 +82,66 @@ def emit_dot4(em, e: Dot4) -> tuple[ir.Value, bool]:  # noqa: ANN001  (em: codeg
     if target is not None and target.arch == "aarch64" and "dotprod" in features(target) and e.a.dtype == "int8":
         return pieces(em, acc, a8, b8, n, 4, _sdot), True
     return _widen(em, acc, a8, b8, n, e.a.dtype), True
+
+
+def emit_word_dot2(em, e: Dot2) -> tuple[ir.Value, bool]:  # noqa: ANN001  (em: codegen.exprs.ExprEmitter)
+    """An 8-bit × int16 `Dot2` in a vector loop on x86: one pmaddwd per piece (module docstring); anything else
+    (scalar code, a bounds-checked build, another layout or ISA) is `Dot2.expand()`."""
+    vec = em.vec
+    target = getattr(em, "target", None)
+    if vec is None or getattr(em, "strip", None) is not None or em.bounds is not None or target is None or \
+            target.arch != "x86_64":
+        return em.ev(e.expand())
+    a_ptr, _, a_flat = em.address(e.a.buf, e.a.index)
+    b_ptr, b_dtype, b_flat = em.address(e.b.buf, e.b.index)
+    if coef(a_flat, vec.var) != 0 or coef(b_flat, vec.var) != 2 or b_dtype != "int16":
+        return em.ev(e.expand())
+    B, n = em.b, vec.lanes
+    acc, acc_vec = em.ev(e.acc)
+    if not acc_vec:
+        acc = em.splat(acc)
+    at = B.gep(a_ptr, [em._uniform(a_flat)[0]], source_etype=I8)
+    w = min(n, max(4, target.vector_bits // 32))
+    if e.a.dtype == "uint8":  # the pair's word broadcast, its bytes spread into zero-extended words: one vpshufb
+        word = B.load(at, typ=I16, align=1)  # (in one 128-bit register the pshufb itself broadcasts the pair)
+        words = B.insert_element(ir.Constant(ir.VectorType(I16, 2 * w), None), word, ir.Constant(I32, 0)) \
+            if w == 4 else em.splat(word, 2 * w)
+        bytes_ = B.bitcast(words, ir.VectorType(I8, 4 * w))
+        a16 = B.bitcast(_zero_extend_pairs(em, bytes_, target), ir.VectorType(I16, 2 * w))
+    else:
+        wide = B.sext(B.load(at, typ=ir.VectorType(I8, 2), align=1), ir.VectorType(I16, 2))
+        a16 = B.bitcast(em.splat(B.bitcast(wide, I32), w), ir.VectorType(I16, 2 * w))
+    b16 = groups_per_lane(em, b_ptr, b_flat, 2, I16)
+    return join_lanes(em, [_pmaddwd_words(em, lane_slice(em, acc, i, w), a16, lane_slice(em, b16, 2 * i, 2 * w), w)
+                           for i in range(0, n, w)]), True
+
+
+PSHUFB = {128: ("llvm.x86.ssse3.pshuf.b.128", "ssse3"), 256: ("llvm.x86.avx2.pshuf.b", "avx2"),
+          512: ("llvm.x86.avx512.pshuf.b.512", "avx512bw")}
+
+
+def _zero_extend_pairs(em, bytes_: ir.Value, target: Target) -> ir.Value:  # noqa: ANN001
+    """Bytes (0, 1) of a broadcast word (of each 128-bit lane) as zero-extended words in every 32-bit lane:
+    [b0, 0, b1, 0, …]. One
+    `vpshufb` whose control passes through an empty asm — given the constant, LLVM 22 splits it into an unpack and a
+    second broadcast (three shuffles per activation pair instead of one) —, where the vector is one register."""
+    count = bytes_.type.count
+    spread = [i // 2 % 2 if i % 2 == 0 else 0x80 for i in range(count)]  # 0x80: pshufb's zero
+    name, feature = PSHUFB.get(8 * count, ("", ""))
+    if not name or 8 * count != target.vector_bits or feature not in features(target):
+        index = [i // 2 % 2 if i % 2 == 0 else count for i in range(count)]
+        return em.b.shuffle_vector(bytes_, ir.Constant(bytes_.type, None), ir.Constant(ir.VectorType(I32, count),
+                                                                                      index))
+    opaque = ir.InlineAsm(ir.FunctionType(bytes_.type, [bytes_.type]), "", "=v,0")
+    control = em.b.call(opaque, [ir.Constant(bytes_.type, [s - 256 if s > 127 else s for s in spread])],
+                        attrs=("nounwind", "readnone"))
+    return em.b.call(em._decl(name, bytes_.type, [bytes_.type, bytes_.type]), [bytes_, control])
+
+
+def _pmaddwd_words(em, acc: ir.Value, a16: ir.Value, b16: ir.Value, w: int) -> ir.Value:  # noqa: ANN001
+    name = {4: "llvm.x86.sse2.pmadd.wd", 8: "llvm.x86.avx2.pmadd.wd", 16: "llvm.x86.avx512.pmaddw.d.512"}[w]
+    vt, ht = ir.VectorType(I32, w), ir.VectorType(I16, 2 * w)
+    return em.b.add(acc, em.b.call(em._decl(name, vt, [ht, ht]), [a16, b16]))
 
 
 def dot_operands(em, e, a_flat, b_ptr: ir.Value, b_flat, group: int, elem: ir.IntType  # noqa: ANN001

@@ -83,7 +83,7 @@ OPS["ConvInteger"] = OpDef(_conv_integer_shape, None, "anchor")
 # a is in the target's activation domain (uint8 for x86's u8 × s8 dot products), w re-centered to zero point 0;
 # addend = bias_q − a_zp·Σw folds every zero-point correction that is a constant. A depthwise QConv accumulates in
 # float32 (exact: ≤ 512 products of ≤ 2^15 each stay below 2^24), which its vector tile does fastest.
-#   QPackedMatMul(a, Bp[⌈N/NR⌉, ⌈K/4⌉, NR, 4], addend, …) attrs n, nr                (weights in the VNNI layout)
+#   QPackedMatMul(a, Bp[⌈N/NR⌉, ⌈K/G⌉, NR, G], addend, …) attrs n, nr   (the VNNI layout: G = 4 int8, or 2 int16)
 #   QPackedConv(xb, Wp, addend) attrs as PackedConv + fill, acc      blocked in and out (graph/passes/block_layout.py)
 def _qmatmul_shape(ts: list[TensorType], a: dict) -> list[TensorType]:
     return _matmul_integer_shape(ts, a)
@@ -96,7 +96,8 @@ def _qconv_shape(ts: list[TensorType], a: dict) -> list[TensorType]:
 
 def _qpacked_matmul_shape(ts: list[TensorType], a: dict) -> list[TensorType]:
     x, bp = ts[0].shape, ts[1].shape
-    if -(-x[-1] // 4) != bp[1] or bp[3] != 4:
+    group = {"int8": 4, "int16": 2}.get(ts[1].dtype, 0)
+    if not group or -(-x[-1] // group) != bp[1] or bp[3] != group:
         raise ModelError(f"QPackedMatMul: K of {x} does not fit panels {bp}")
     return [TensorType("int32", x[:-1] + (a["n"],))]
 

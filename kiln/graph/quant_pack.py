@@ -3,10 +3,14 @@
 A dot-product instruction (x86 `vpdpbusd`, Arm SDOT, an AMX `tdpbusd` tile) consumes 4 consecutive values of the
 reduction per 32-bit lane, so the weights are grouped in fours along K and the output channels run across lanes:
 
-    MatMul   B[K, N] int8              →  Bp[⌈N/NR⌉, ⌈K/4⌉, NR, 4]          (zero-padded in N and K)
-    Conv     W[Co, Ci, kh, kw] int8    →  Wp[Co/NR, Ci/cb, kh, kw, cb/4, NR, 4]  (blocked input, cb | Ci, 4 | cb)
+    MatMul   B[K, N] int8              →  Bp[⌈N/NR⌉, ⌈K/G⌉, NR, G]          (zero-padded in N and K)
+    Conv     W[Co, Ci, kh, kw] int8    →  Wp[Co/NR, Ci/cb, kh, kw, cb/G, NR, G]  (blocked input, cb | Ci, 4 | cb)
     depthwise W[C, 1, kh, kw] int8     →  Wd[C/NR, kh, kw, NR]              (int8 taps, one vector per tap)
       or where `depthwise_quads` says →  Wq[C/NR, kh, NR, 4]               (a window row's taps per lane, zero-padded)
+
+G = 4 int8 values where the target has a 4-byte dot product (`dot_group`); on x86 without VNNI G = 2 int16 values:
+the weights widened once here, so that each pair is one `pmaddwd` lane against the activations' zero-extended pair,
+where widening the weight bytes in the loop took ~10 shuffles and extends per vector and k-group.
 
 One k-step of a register tile reads one 32-bit group of A (4 activations, broadcast) and NR·4 contiguous weight
 bytes: NR/16 zmm registers on AVX-512. An AMX int8 tile kernel reads B in the same [K/4][N][4] order (16 rows of
@@ -21,12 +25,25 @@ from kiln.target import Target, features_on, vnni_widths
 INT8_K_GROUP = 4  # reduction values per 32-bit lane of a dot-product instruction
 
 
-def pack_qmatmul(b: np.ndarray, nr: int) -> np.ndarray:
+def dot_group(target: Target, options: dict[str, bool] | None = None) -> int:
+    """The weights' group G on `target`: 4 bytes per int32 lane (vpdpbusd, SDOT, SMMLA, an AMX tile; RVV's plain
+    loops), or — switch `word_weights` — 2 int16 values on x86 without VNNI (pmaddwd: kernel/dot.py Dot2). With
+    the bytes widened in the loop instead, int8 was slower than float32 as an AVX2 host (Zen 4 at
+    KILN_HOST_VECTOR_BITS=256: resnet50 0.72×, mobilenetv2 0.84×)."""
+    word = (options or {}).get("word_weights", True) and target.arch == "x86_64" and not vnni_widths(target)
+    return 2 if word else INT8_K_GROUP
+
+
+def _typed(group: int) -> type:
+    return np.int8 if group == INT8_K_GROUP else np.int16
+
+
+def pack_qmatmul(b: np.ndarray, nr: int, group: int = INT8_K_GROUP) -> np.ndarray:
     k, n = b.shape
-    kg, panels = -(-k // INT8_K_GROUP), -(-n // nr)
-    padded = np.zeros((kg * INT8_K_GROUP, panels * nr), np.int8)
+    kg, panels = -(-k // group), -(-n // nr)
+    padded = np.zeros((kg * group, panels * nr), _typed(group))
     padded[:k, :n] = b
-    return np.ascontiguousarray(padded.reshape(kg, INT8_K_GROUP, panels, nr).transpose(2, 0, 3, 1))
+    return np.ascontiguousarray(padded.reshape(kg, group, panels, nr).transpose(2, 0, 3, 1))
 
 
 def unpack_qmatmul(bp: np.ndarray, k: int, n: int) -> np.ndarray:
@@ -34,11 +51,11 @@ def unpack_qmatmul(bp: np.ndarray, k: int, n: int) -> np.ndarray:
     return bp.transpose(1, 3, 0, 2).reshape(kg * g, panels * nr)[:k, :n]
 
 
-def pack_qconv_blocked(w: np.ndarray, nr: int, in_block: int) -> np.ndarray:
+def pack_qconv_blocked(w: np.ndarray, nr: int, in_block: int, group: int = INT8_K_GROUP) -> np.ndarray:
     co, ci, kh, kw = w.shape
-    g = INT8_K_GROUP
+    g = group
     return np.ascontiguousarray(w.reshape(co // nr, nr, ci // in_block, in_block // g, g, kh, kw)
-                                .transpose(0, 2, 5, 6, 3, 1, 4))
+                                .transpose(0, 2, 5, 6, 3, 1, 4).astype(_typed(group)))
 
 
 def pack_depthwise(w: np.ndarray, nr: int) -> np.ndarray:

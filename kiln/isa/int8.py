@@ -36,12 +36,13 @@ DOT = [  # (arch, mnemonic regex, MACs by register class or a fixed count)
     ("aarch64", re.compile(r"^(s|u|us)mmla$"), {"": 32}),
     ("aarch64", re.compile(r"^[su]mlal2?$"), {".8h": 8, ".4s": 4, ".2d": 2}),
 ]
-# (label, target name, features turned on beside the target's own). Each row turns on the dot product it names: an
-# x86 width alone has it or not by the host (an AVX2 host's emit-only avx512 target is x86-64-v4, no VNNI; Zen 4 has
-# no AVX-VNNI at 256 bits) — static analysis, nothing of it runs
+# (label, target name, features turned on beside the target's own, or off: "-name"). Each row turns on (or off) the
+# dot product it names: an x86 width alone has it or not by the host (an AVX2 host's emit-only avx512 target is
+# x86-64-v4, no VNNI; Zen 4 has no AVX-VNNI at 256 bits) — static analysis, nothing of it runs
 CONFIGS: list[tuple[str, str, tuple[str, ...]]] = [
     ("x86 AVX-512 VNNI (avx512)", "avx512", ("avx512vnni",)),
     ("x86 AVX-VNNI (avx2)", "avx2", ("avxvnni",)),
+    ("x86 AVX2, no VNNI (avx2, as Zen 3)", "avx2", ("-avxvnni", "-avx512vnni")),
     ("x86 SSE, no VNNI (sse)", "sse", ()),
     ("AArch64 NEON + dotprod", "aarch64-neon", ("dotprod",)),
     ("AArch64 NEON + i8mm", "aarch64-neon", ("dotprod", "i8mm")),
@@ -95,9 +96,11 @@ def analyze(label: str, target: str, features: tuple[str, ...], m: int, k: int, 
     from kiln.compiler import lower
     from kiln.isa.classify import arch_of
     from kiln.isa.mca import MCA_CPU, MCA_MATTR, functions, innermost_loops, run_mca
-    from kiln.target import resolve, with_features
+    from kiln.target import resolve, with_features, without_features
 
-    tgt = with_features(resolve(target), *features) if features else resolve(target)
+    on, off = [f for f in features if f[0] != "-"], [f[1:] for f in features if f[0] == "-"]
+    tgt = with_features(resolve(target), *on) if on else resolve(target)
+    tgt = without_features(tgt, *off) if off else tgt
     # AMX off: an AMX host would put both strategies on its tile kernels (amx_row counts those)
     c = lower(qmatmul_model(m, k, n), tgt, 1, {"amx": False}, strategy=strategy, stop_after="llvm")
     built = {how for kern in c.program.kernels for how in kern.strategies.values()}

@@ -40,7 +40,7 @@ from kiln.kernel.lower import Lowered, axes_for, lower_node
 from kiln.kernel.simplify import drop_satisfied_clamps
 
 VIEW_OPS = {"Reshape"}
-KERNEL_DTYPES = {"float32", "float64", "int64", "int32", "int8", "uint8", "bool", "bfloat16"}
+KERNEL_DTYPES = {"float32", "float64", "int64", "int32", "int16", "int8", "uint8", "bool", "bfloat16"}
 MAX_DUPLICATED_NODES = 48  # expression nodes an inlined producer may be copied into its consumer
 
 

@@ -3,6 +3,7 @@ ISA, each with its plain-arithmetic value (`expand`) where it has one.
 
     Dot4     acc + Σ_{q<4} a[q]·b[q] per int32 lane            vpdpbusd, SDOT, RVV widening MACs   codegen/int8.py
     Dot2     acc + Σ_{q<2} a[q]·b[q] per float32 lane (bf16)   vdpbf16ps, BFDOT                    codegen/dpbf16.py
+             or per int32 lane (8-bit a, int16 b)              pmaddwd (x86 without VNNI)          codegen/int8.py
     LaneDot4 acc + Σ_{q<4} x_q·w[q] per int32 lane, x_q vectors  vpdpbusd (an int8 depthwise conv)   codegen/int8.py
     Mmla     a 2-row × 2-column block per 4 lanes              SMMLA (i8mm), BFMMLA                codegen/mmla.py
     MmlaRow  one row of two Mmla accumulators, in column order (the tile's epilogue reads it)"""
@@ -80,17 +81,24 @@ class LaneDot4(Expr):
 
 @dataclass(frozen=True, repr=False)
 class Dot2(Expr):
-    """acc + Σ_{q<2} a[q]·b[q] in float32 lanes from bfloat16 pairs — x86 AVX512_BF16 `vdpbf16ps`. Like `Dot4`:
-    `a` and `b` are bfloat16 Loads of the first of 2 consecutive values (value q is their last index + q); in a
-    vector loop `a` is uniform (one 32-bit broadcast of the pair) and lane i of `b` reads the pair at its index
-    + 2·i (weights in VNNI pair order [K/2][N][2], graph/passes/precision.py). kiln/codegen/dpbf16.py emits it."""
+    """acc + Σ_{q<2} a[q]·b[q] in float32 lanes from bfloat16 pairs — x86 AVX512_BF16 `vdpbf16ps` —, or in int32
+    lanes from 8-bit activations and int16 weights — x86 `pmaddwd` (targets without VNNI: graph/quant_pack.py
+    dot_group). Like `Dot4`: `a` and `b` are Loads of the first of 2 consecutive values (value q is their last index
+    + q); in a vector loop `a` is uniform (one broadcast of the pair) and lane i of `b` reads the pair at its index
+    + 2·i (weights in VNNI pair order [K/2][N][2], graph/passes/precision.py, graph/quant_pack.py).
+    kiln/codegen/dpbf16.py and kiln/codegen/int8.py emit it."""
     acc: Expr
     a: Load
     b: Load
-    dtype: str = field(init=False, default="float32")
+    dtype: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", "int32" if self.a.dtype in ("int8", "uint8") else "float32")
 
     def expand(self) -> Expr:
-        """The same value in float32 arithmetic (bf16 products are exact in float32): the emulation."""
+        """The same value in plain arithmetic: float32 (bf16 products are exact in float32: the emulation), int32."""
+        if self.dtype == "int32":
+            return _grouped_sum(self.acc, self.a, self.b, 2, lambda a, b: Cast("int32", a) * Cast("int32", b))
         return _grouped_sum(self.acc, self.a, self.b, 2, lambda a, b: a * b)
 
     def __repr__(self) -> str:

@@ -125,13 +125,14 @@ def lower_qconv(n: Node) -> Lowered:
 
 @lowering("QPackedMatMul")
 def lower_qpacked_matmul(n: Node) -> Lowered:
-    """out[.., m, n] = Σ_k a[.., m, k] · Bp[n // NR, k // 4, n % NR, k % 4] + addend[n]: the VNNI layout
-    (graph/quant_pack.py), scheduled by schedule/int8.py as dot products of k-groups of 4."""
+    """out[.., m, n] = Σ_k a[.., m, k] · Bp[n // NR, k // G, n % NR, k % G] + addend[n]: the VNNI layout
+    (graph/quant_pack.py: G = 4 int8, or 2 int16), scheduled by schedule/int8.py as dot products of k-groups."""
     (a, bp), (y, ax) = n.inputs[:2], _out(n)
     nr, k = n.attrs["nr"], Var("rk")
     j = ax[-1]
     ia = bcast_index(a.shape[:-2], ax[:-2]) + (ax[-2], k)
-    w = Load(bp.name, (j // nr, k // 4, j % nr, k % 4), bp.dtype)
+    g = bp.shape[-1]
+    w = Load(bp.name, (j // nr, k // g, j % nr, k % g), bp.dtype)
     body = Reduce("sum", ((k, a.shape[-1]),), product(ld(a, ia), w, "int32")) + _addend(n, (j,))
     hints = {"int8": "matmul", "nr": nr, "n_axis": -1, "m_axis": -2}
     return Lowered([Compute(y.name, ax, y.shape, body, hints=hints)])
@@ -141,7 +142,7 @@ def lower_qpacked_matmul(n: Node) -> Lowered:
 def lower_qpacked_conv(n: Node) -> Lowered:
     """Blocked in and out (graph/passes/block_layout.py): out[b, cob, oh, ow, coi] =
       dense      Σ_{cib, kh, kw, ci} X[b, cib, oh·s + kh·d, ow·s + kw·d, ci] ·
-                 Wp[cob, cib, kh, kw, ci // 4, coi, ci % 4] on a copy of X padded with its zero point (int32);
+                 Wp[cob, cib, kh, kw, ci // G, coi, ci % G] on a copy of X padded with its zero point (int32);
       depthwise  Σ_{kh, kw} i32(X[b, cob, ih, iw, coi]) · i32(Wd[cob, kh, kw, coi]), padding read through guards
                  that yield the zero point (int32, on the depthwise tile of schedule/tile.py: each product a 16-bit
                  pair with a zero upper half, so LLVM emits `vpdpwssd` / `pmaddwd`, no int→float convert per tap);
@@ -172,7 +173,8 @@ def lower_qpacked_conv(n: Node) -> Lowered:
         pre, tmp, src = _padded(x, a["pads"], fill, f"{y.name}.pad")
         cib, cii = Var("rcb"), Var("rc")
         xs = Load(src, (b, cib) + sp + (cii,), x.dtype)
-        w = Load(wp.name, (cob, cib) + ks + (cii // 4, coi, cii % 4), wp.dtype)
+        g = wp.shape[-1]
+        w = Load(wp.name, (cob, cib) + ks + (cii // g, coi, cii % g), wp.dtype)
         body = Reduce("sum", ((cib, x.shape[1]),) + taps + ((cii, ib),), product(xs, w, "int32"))
     body = body + _addend(n, (cob * nr + coi,))
     hints = {"nr": nr, "n_axis": -1, "m_axis": -2, "in_block": ib, "out_block": nr, "depthwise": a["depthwise"],

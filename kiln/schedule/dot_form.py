@@ -18,7 +18,8 @@ class DotForm:
     b: Load           # the weight read, B[.., k // group, .., k % group]
     k: Var            # the reduction axis taken `group` at a time (the last one)
     k_ext: int
-    group: int = 4    # operand values summed into one accumulator lane: 4 bytes (Dot4), or a bf16 pair (Dot2)
+    group: int = 4    # operand values summed into one accumulator lane: 4 bytes (Dot4), or a pair (Dot2: bf16, or
+    #                   8-bit activations by int16 weights on x86 without VNNI, graph/quant_pack.py dot_group)
 
     def dot(self, acc: Expr, a: Load, b: Load) -> Expr:
         return Dot4(acc, a, b) if self.group == 4 else Dot2(acc, a, b)
@@ -46,6 +47,7 @@ def int8_form(c: Compute) -> DotForm | None:
     if not (isinstance(body, Bin) and body.op == "*" and all(isinstance(x, Cast) for x in (body.a, body.b))):
         return None
     a, b = body.a.a, body.b.a
-    if not (isinstance(a, Load) and isinstance(b, Load)) or a.dtype not in ("uint8", "int8") or b.dtype != "int8":
+    if not (isinstance(a, Load) and isinstance(b, Load)) or a.dtype not in ("uint8", "int8") or \
+            b.dtype not in ("int8", "int16"):
         return None
-    return grouped_reads(red, a, b, 4)
+    return grouped_reads(red, a, b, 4 if b.dtype == "int8" else 2)

@@ -3,7 +3,8 @@
 by the target), the epilogue (requantization, bias, activation) on the int32 / float32 C tile it leaves, in the
 anchor's fused form.
 
-Applies to QPackedMatMul and dense QPackedConv (kernel/lower_quant.py: weights in VNNI panels [.., K/4, NR, 4]), and
+Applies to QPackedMatMul and dense QPackedConv (kernel/lower_quant.py: weights in VNNI panels [.., K/4, NR, 4], or
+int16 pairs [.., K/2, NR, 2] on x86 without VNNI), and
 to bf16 PackedMatMul / blocked PackedConv (graph/passes/precision.py: pairs, [.., K/2, NR, 2]), whose A operand can
 be read in place — contiguous along the innermost reduction axis, the other reduction axes at constant strides
 (schedule/amx.py `in_place`: a GEMM's rows; a blocked conv's pixels, whose taps and channel blocks become the
@@ -58,7 +59,7 @@ from kiln.schedule.dot_form import DotForm
 from kiln.schedule.tile_shape import pick_mr
 from kiln.schedule.ukernel import merge_channel_blocks
 from kiln.target import Target
-from kiln.ukernels.dot import BLOCKS, METHODS, dot_ukernel, method_for
+from kiln.ukernels.dot import BLOCKS, METHODS, dot_ukernel, method_for, operands_of
 
 MAX_VIRTUAL_ROWS = 1 / 8  # the share of computed-and-dropped pixels a conv's q rows may have (else rows = ow)
 
@@ -73,7 +74,7 @@ class Plan:
     red: Reduce
     rows: Rows
     method: str
-    ab: str           # u8s8 | s8s8 | bf16
+    ab: str           # u8s8 | s8s8 | u8s16 | s8s16 (int16 weights) | bf16
     nr: int
     b: Load
     b_base: Expr
@@ -110,12 +111,16 @@ def plan(k: Kernel, c: Compute, form: DotForm | None, target: Target) -> tuple[P
     tail = e_last % g if len(red.axes) == 1 else 0
     if e_last % g and not tail or e_last < g:
         return None, f"a reduction of {e_last} values per step (the kernel takes groups of {g})"
-    rows = _rows(k, c, a, Reduce(red.op, red.axes[:-1] + ((r_last, e_last - tail),), red.body), spatial, 4 // g)
+    bf16 = a.dtype == "bfloat16"
+    rows = _rows(k, c, a, Reduce(red.op, red.axes[:-1] + ((r_last, e_last - tail),), red.body), spatial,
+                 2 if bf16 else 1)
     if rows is None or len(rows.steps) > 3:
         return None, "A is not read in place (not contiguous along K, or more than three outer reduction axes)"
-    ab = "bf16" if g == 2 else "u8s8" if a.dtype == "uint8" else "s8s8"
+    ab = "bf16" if bf16 else ("u8" if a.dtype == "uint8" else "s8") + ("s8" if b.dtype == "int8" else "s16")
+    if ab not in operands_of(method):
+        return None, f"no {method} microkernel for {ab} operands"
     return Plan(c, red, rows, method, ab, nr, b, panels[0], panels[1], (e_last - tail) // g, tail,
-                "float32" if g == 2 else "int32"), ""
+                "float32" if bf16 else "int32"), ""
 
 
 def chosen_dot_ukernel(k: Kernel, c: Compute, form: DotForm | None, strategy: str, tag: str, target: Target,

@@ -217,7 +217,8 @@ class _Walker:
     def call(self, s: Call, loops: list[_Ctx]) -> None:
         """A microkernel call as an MR×NR×K tile of `steps` vector instructions per row and vector:
         kiln_ukr_<isa>_f32_<MR>x<NR>…(A, B, C, ldc, K, …) (float FMA); kiln_ukr_<method>_<ab>_<MR>x<NR>(A, lda,
-        rows, B, C, ldc, n2, sa2, n1, sa1, n0, sa0, K4) (8-bit / bf16 dot products, a group of 4 / 2 per lane);
+        rows, B, C, ldc, n2, sa2, n1, sa1, n0, sa0, K4) (8-bit / bf16 dot products, a group of 4 / 2 per lane: 2 with
+        int16 weights, <ab> u8s16 / s8s16);
         kiln_amx_<dtype>_<MT>x<NT>_m<MR>_k<KB>…(A0, A1, lda, B, C, ldc, n2, sa2, n1, sa1, n0, sa0, 0) (AMX tiles:
         one tile product per tile pair and step). Other calls (tile configuration, release) are not work."""
         shape = ukernel_shape(s.fn)
@@ -256,8 +257,8 @@ class _Walker:
 
 UKERNEL_NAMES = (  # the microkernel families' names → (MR, NR, K elements per lane group, bytes per element)
     (re.compile(r"kiln_ukr_[a-z0-9]+_f32_(\d+)x(\d+)"), lambda m: (int(m[1]), int(m[2]), 0, 4)),
-    (re.compile(r"kiln_ukr_[a-z0-9]+_(u8s8|s8s8|bf16)_(\d+)x(\d+)"),
-     lambda m: (int(m[2]), int(m[3]), 2 if m[1] == "bf16" else 4, 2 if m[1] == "bf16" else 1)),
+    (re.compile(r"kiln_ukr_[a-z0-9]+_(u8s8|s8s8|u8s16|s8s16|bf16)_(\d+)x(\d+)"),
+     lambda m: (int(m[2]), int(m[3]), 2 if m[1] in ("bf16", "u8s16", "s8s16") else 4, 2 if m[1] == "bf16" else 1)),
     (re.compile(r"kiln_amx_([a-z0-9]+)_(\d)x(\d)_m(\d+)_k(\d+)"),
      lambda m: (int(m[2]) * int(m[4]), int(m[3]) * 16, int(m[5]), 2 if m[1] == "bf16" else 1)),
 )

@@ -13,8 +13,9 @@ conv input's pixels at every tap):
 
     step s = (i2·n1 + i1)·n0 + i0 reads A at a = i2·sa2 + i1·sa1 + i0·sa0 bytes past each row's start, K4 groups
     of 4 consecutive bytes, and B at B + s·K4·NR·4: K4 rows of NR columns × 4 bytes (graph/quant_pack.py; for bf16
-    the pair order of graph/passes/precision.py: a 4-byte group is a pair of bf16 values)
-    C[i][j] = Σ_s Σ_{q<K4} Σ_{g<G} A[i][a + 4q + g] · B[s][q][j][g]        (G = 4 bytes, or 2 bf16)
+    the pair order of graph/passes/precision.py: a 4-byte group is a pair of bf16 values; for int16 weights
+    (`<ab>` u8s16 / s8s16) a group is a pair of int16 values, and A's group its 2 bytes)
+    C[i][j] = Σ_s Σ_{q<K4} Σ_{g<G} A[i][a + G·q + g] · B[s][q][j][g]     (G = 4 bytes, or 2 bf16 / int16)
 
 A GEMM is one step (n2 = n1 = n0 = 1, K4 = K/4); a blocked 3×3 conv has (Ci/cb, kh, kw) steps of cb/4 groups, A
 advancing by the input's channel-block, row and pixel strides: the whole reduction is one call, its accumulators
@@ -23,7 +24,9 @@ in registers throughout (no C reload per tap).
 Methods (`<method>`; `<ab>` = A's then B's signedness, u8s8 or s8s8, or bf16):
     vnni512  x86 AVX-512 VNNI: vpdpbusd zmm (u8 × s8), A's 4-byte group broadcast from memory ({1to16})
     vnni256, vnni128  x86 AVX-VNNI / AVX-512 VNNI + VL: vpdpbusd ymm / xmm
-    pmaddwd<bits>  x86 without VNNI (or s8 A): bytes widened to int16 pairs, two vpmaddwd per group (exact)
+    pmaddwd<bits>  x86 without VNNI (or s8 A): with int16 weights (u8s16 / s8s16: graph/quant_pack.py dot_group)
+             A's pair zero- or sign-extended and broadcast, one vpmaddwd per pair; with int8 ones (an s8 A on a VNNI
+             CPU) both widened to int16 pairs, two vpmaddwd per group (exact)
     sdot     AArch64 dotprod: SDOT v.4s (s8 × s8)
     i8mm     AArch64 i8mm: SMMLA v.4s — a 2×2 int32 block from 2 rows × 8 bytes and 2 columns × 8 bytes, i.e. two
              groups per instruction: twice SDOT's multiply-adds per instruction. B's columns are interleaved per
@@ -98,7 +101,7 @@ def method_for(target: Target, a_dtype: str, nr: int) -> tuple[str | None, str]:
 def operands_of(method: str) -> tuple[str, ...]:
     """The `<ab>` a method multiplies."""
     return ("u8s8",) if method.startswith("vnni") else ("s8s8",) if method in ("sdot", "i8mm") else \
-        ("bf16",) if "bf" in method else ("u8s8", "s8s8")
+        ("bf16",) if "bf" in method else ("u8s8", "s8s8", "u8s16", "s8s16")
 
 
 @functools.cache
@@ -241,6 +244,8 @@ def _store_row(emit, value: str, vt: str, row: int, col: int) -> None:  # noqa: 
 def _vector_group(emit, method: str, ab: str, mr: int, nr: int, w: int, q: str,  # noqa: ANN001
                   acc: dict[tuple[int, int], str], tag: str, pair: bool) -> dict[tuple[int, int], str]:
     """One 4-byte group q: NR/W B vectors, MR broadcast A groups, MR·NR/W dot products."""
+    if ab.endswith("s16"):
+        return _word_group(emit, ab, mr, nr, w, q, acc, tag)
     bt, vt = f"<{4 * w} x i8>", f"<{w} x i32>"
     emit(f"  %{tag}bo = mul i64 {q}, {4 * nr}")
     emit(f"  %{tag}ao = mul i64 {q}, 4")
@@ -286,6 +291,51 @@ def _vector_group(emit, method: str, ab: str, mr: int, nr: int, w: int, q: str, 
                 emit(f"  {d}.h = call {vt} @llvm.x86.{fn}({ht} {a[1]}, {ht} {bs[v][1]})")
                 emit(f"  {d}.s = add {vt} {d}.l, {d}.h")
                 emit(f"  {d} = add {vt} {acc[(i, v)]}, {d}.s")
+            new[(i, v)] = d
+    return new
+
+
+PSHUFB = {8: "avx2.pshuf.b", 16: "avx512.pshuf.b.512"}  # by 32-bit lanes (the pmaddwd256 / 512 methods' ISAs)
+
+
+def _word_group(emit, ab: str, mr: int, nr: int, w: int, q: str,  # noqa: ANN001
+                acc: dict[tuple[int, int], str], tag: str) -> dict[tuple[int, int], str]:
+    """One pair q against int16 weights: NR/W B vectors of W int16 pairs, MR broadcast A pairs (2 bytes widened),
+    MR·NR/W vpmaddwd."""
+    ht, vt = f"<{2 * w} x i16>", f"<{w} x i32>"
+    fn = {4: "sse2.pmadd.wd", 8: "avx2.pmadd.wd", 16: "avx512.pmaddw.d.512"}[w]
+    emit(f"  %{tag}bo = mul i64 {q}, {4 * nr}")
+    emit(f"  %{tag}ao = mul i64 {q}, 2")
+    bs = []
+    for v in range(nr // w):
+        emit(f"  %{tag}bo.{v} = add i64 %{tag}bo, {4 * w * v}")
+        emit(f"  %{tag}bp.{v} = getelementptr i8, ptr %bs, i64 %{tag}bo.{v}")
+        emit(f"  %{tag}b.{v} = load {ht}, ptr %{tag}bp.{v}, align 2")
+        bs.append(f"%{tag}b.{v}")
+    new = {}
+    for i in range(mr):
+        emit(f"  %{tag}ap.{i} = getelementptr i8, ptr %ab.{i}, i64 %{tag}ao")
+        if ab.startswith("u8") and w > 4:  # the word broadcast, one vpshufb (codegen/int8.py _zero_extend_pairs)
+            bt = f"<{4 * w} x i8>"
+            emit(f"  %{tag}aw.{i} = load i16, ptr %{tag}ap.{i}, align 1")
+            emit(f"  %{tag}ai.{i} = insertelement {ht} poison, i16 %{tag}aw.{i}, i64 0")
+            emit(f"  %{tag}as.{i} = shufflevector {ht} %{tag}ai.{i}, {ht} poison, <{2 * w} x i32> zeroinitializer")
+            emit(f"  %{tag}ab.{i} = bitcast {ht} %{tag}as.{i} to {bt}")
+            control = ", ".join(f"i8 {j // 2 % 2 if j % 2 == 0 else -128}" for j in range(4 * w))
+            emit(f"  %{tag}ak.{i} = call {bt} asm \"\", \"=v,0\"({bt} <{control}>) nounwind memory(none)")
+            emit(f"  %{tag}az.{i} = call {bt} @llvm.x86.{PSHUFB[w]}({bt} %{tag}ab.{i}, {bt} %{tag}ak.{i})")
+            emit(f"  %{tag}a.{i} = bitcast {bt} %{tag}az.{i} to {ht}")
+        else:
+            emit(f"  %{tag}a2.{i} = load <2 x i8>, ptr %{tag}ap.{i}, align 1")
+            emit(f"  %{tag}ax.{i} = {'sext' if ab.startswith('s8') else 'zext'} <2 x i8> %{tag}a2.{i} to <2 x i16>")
+            emit(f"  %{tag}aw.{i} = bitcast <2 x i16> %{tag}ax.{i} to i32")
+            emit(f"  %{tag}ai.{i} = insertelement {vt} poison, i32 %{tag}aw.{i}, i64 0")
+            emit(f"  %{tag}as.{i} = shufflevector {vt} %{tag}ai.{i}, {vt} poison, <{w} x i32> zeroinitializer")
+            emit(f"  %{tag}a.{i} = bitcast {vt} %{tag}as.{i} to {ht}")
+        for v in range(nr // w):
+            d = f"%{tag}c.{i}.{v}"
+            emit(f"  {d}.p = call {vt} @llvm.x86.{fn}({ht} %{tag}a.{i}, {ht} {bs[v]})")
+            emit(f"  {d} = add {vt} {acc[(i, v)]}, {d}.p")
             new[(i, v)] = d
     return new
 
@@ -365,4 +415,5 @@ def _decls(method: str, w: int) -> list[str]:
         return [f"declare {ft} @llvm.x86.avx512bf16.dpbf16ps.{32 * w}({ft}, {pt}, {pt})"]
     ht = f"<{2 * w} x i16>"
     fn = {4: "sse2.pmadd.wd", 8: "avx2.pmadd.wd", 16: "avx512.pmaddw.d.512"}[w]
-    return [f"declare {vt} @llvm.x86.{fn}({ht}, {ht})"]
+    spread = [f"declare {bt} @llvm.x86.{PSHUFB[w]}({bt}, {bt})"] if w in PSHUFB else []
+    return [f"declare {vt} @llvm.x86.{fn}({ht}, {ht})"] + spread

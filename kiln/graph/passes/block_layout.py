@@ -29,6 +29,7 @@ from kiln.graph.passes.pack_weights import pack
 from kiln.graph.quant_pack import (
     INT8_K_GROUP,
     depthwise_quads,
+    dot_group,
     int8_channel_block,
     pack_depthwise,
     pack_depthwise_quads,
@@ -88,11 +89,12 @@ def _blocked_const(g: Graph, v: Value, out_shape: tuple[int, ...], cb: int) -> V
     return Value(g.fresh(v.name + ".blocked"), TensorType(v.dtype, arr.shape), const=arr)
 
 
-def _conv(g: Graph, n: Node, xb: Value | None, target: Target, block_out: bool) -> tuple[Node, bool] | None:
+def _conv(g: Graph, n: Node, xb: Value | None, target: Target, block_out: bool, group: int
+          ) -> tuple[Node, bool] | None:
     """The PackedConv for a Conv (its input blocked or not), and whether its output is blocked (only with
     block_out); the QPackedConv for an integer QConv (graph/passes/quantize_qdq.py), blocked in and out."""
     if n.op == "QConv":
-        return _qconv(g, n, xb, target)
+        return _qconv(g, n, xb, target, group)
     x, w = n.inputs[0], n.inputs[1]
     a = n.attrs
     if (w.const is None or w.dtype != "float32" or len(x.shape) != 4 or strategy_of(a) not in BLOCKED_STRATEGIES
@@ -118,7 +120,7 @@ def _conv(g: Graph, n: Node, xb: Value | None, target: Target, block_out: bool) 
     return Node("PackedConv", [xb if xb is not None else x, packed] + n.inputs[2:], [], attrs, n.name), bool(out_block)
 
 
-def _qconv(g: Graph, n: Node, xb: Value | None, target: Target) -> tuple[Node, bool] | None:
+def _qconv(g: Graph, n: Node, xb: Value | None, target: Target, group: int) -> tuple[Node, bool] | None:
     """An integer QConv blocked in and out (the only layout its dot-product tile and microkernel take; else it stays
     NCHW): dense weights in the VNNI layout, depthwise ones as int8 taps (graph/quant_pack.py). Under a library
     strategy it is blocked too unless that library has an integer GEMM for its activations (`library_conv`: then
@@ -133,7 +135,7 @@ def _qconv(g: Graph, n: Node, xb: Value | None, target: Target) -> tuple[Node, b
         return None
     quads = depthwise and depthwise_quads(target, w.shape[3], a["dilations"][1], in_block, x.dtype)
     wp = (pack_depthwise_quads if quads else pack_depthwise)(w.const, out_block) if depthwise else \
-        pack_qconv_blocked(w.const, out_block, in_block)
+        pack_qconv_blocked(w.const, out_block, in_block, group)
     packed = Value(g.fresh(w.name + ".packed"), TensorType(wp.dtype.name, wp.shape), const=wp)
     attrs = {**a, "co": co, "nr": out_block, "kernel": tuple(w.shape[2:]), "in_block": in_block,
              "out_block": out_block, "depthwise": depthwise, "quads": quads}
@@ -208,13 +210,14 @@ def _worth_blocking(g: Graph) -> set[int]:
     return out
 
 
-def block_layout(g: Graph, target: Target) -> Graph:
+def block_layout(g: Graph, target: Target, options: dict[str, bool] | None = None) -> Graph:
     if not target.fixed_dot_tiles:  # RVV: nothing blocks
         return g
     # a scalable target (SVE/SME) blocks only the convs that run the NEON tile there: int8, and bf16 with BF16
     neon_only = target.scalable
     bf16_tile = neon_only and "bf16" in features_on(target.features)
     wanted = _worth_blocking(g)
+    group = dot_group(target, options)  # the integer weights' k-group (graph/quant_pack.py)
     twin: dict[int, Value] = {}    # id(NCHW value) → the blocked value computed instead
     made: set[int] = set()         # NCHW values rebuilt from their twins
     nodes: list[Node] = []
@@ -246,7 +249,7 @@ def block_layout(g: Graph, target: Target) -> Graph:
                 nodes.append(node)
                 twin[id(x)] = xb
                 made.add(id(x))  # x itself stays (it is the NCHW original)
-            conv = _conv(g, n, twin.get(id(x)), target, id(y) in wanted or heavy)
+            conv = _conv(g, n, twin.get(id(x)), target, id(y) in wanted or heavy, group)
             if conv is not None:
                 new, out_blocked = conv
         elif len(n.outputs) == 1:

@@ -47,7 +47,7 @@ import numpy as np
 from kiln.graph.ir import Graph, Node, TensorType, Value
 from kiln.graph.ops import infer
 from kiln.graph.quant_ops import activation_dtype, dequantize_np
-from kiln.graph.quant_pack import INT8_K_GROUP, pack_qmatmul
+from kiln.graph.quant_pack import INT8_K_GROUP, dot_group, pack_qmatmul
 from kiln.target import Target
 
 # single-input ops that commute with a per-tensor (de)quantization with the same parameters (max pooling is
@@ -300,7 +300,7 @@ def _integer_op_anchor(g: Graph, n: Node, act: str, new: list[Node]) -> Value | 
     return q.outputs[0]
 
 
-def packed_matmul(g: Graph, q: Node, target: Target) -> Node:
+def packed_matmul(g: Graph, q: Node, target: Target, group: int) -> Node:
     """QMatMul → QPackedMatMul (weights in the VNNI layout, graph/quant_pack.py) on fixed-width targets and AArch64's
     scalable ones (NEON-width panels: an SVE target runs the NEON tile), for the register tile and the microkernels
     (schedule/int8.py, int8_ukernel.py); under a library strategy whose library has an integer GEMM for these
@@ -314,7 +314,7 @@ def packed_matmul(g: Graph, q: Node, target: Target) -> Node:
         if integer_gemm(library_of(strategy), q.inputs[0].dtype):
             return q
     nr = 2 * target.lanes(32)
-    bp = _const(g, pack_qmatmul(w.const, nr), w.name + ".packed")
+    bp = _const(g, pack_qmatmul(w.const, nr, group), w.name + ".packed")
     return _node(g, "QPackedMatMul", [q.inputs[0], bp] + q.inputs[2:],
                  {**q.attrs, "n": w.shape[1], "nr": nr, "k": w.shape[0]}, q.name)
 
@@ -339,8 +339,9 @@ ANCHORS = {"Conv": _conv_anchor, "MatMul": _matmul_anchor, "MatMulInteger": _int
            "ConvInteger": _integer_op_anchor}
 
 
-def integer_anchors(g: Graph, target: Target) -> None:
+def integer_anchors(g: Graph, target: Target, options: dict[str, bool] | None = None) -> None:
     act = activation_dtype(target)
+    group = dot_group(target, options)
     nodes: list[Node] = []
     for n in g.nodes:
         new: list[Node] = []
@@ -351,7 +352,7 @@ def integer_anchors(g: Graph, target: Target) -> None:
         for i, m in enumerate(new):  # the anchor in its final form: packed weights, whole 4-byte groups
             if m.op in ("QMatMul", "QConv"):
                 pre: list[Node] = []
-                final = packed_matmul(g, m, target) if m.op == "QMatMul" else pad_channels(g, m, pre)
+                final = packed_matmul(g, m, target, group) if m.op == "QMatMul" else pad_channels(g, m, pre)
                 if final is not m:
                     new[i:i + 1] = pre + [final]
                     for later in new:
@@ -409,11 +410,11 @@ def fold_requantize(g: Graph) -> None:
         nxt.inputs[1] = _const(g, np.array(1.0, np.float32), "one")
 
 
-def quantize_qdq(g: Graph, target: Target) -> Graph:
+def quantize_qdq(g: Graph, target: Target, options: dict[str, bool] | None = None) -> Graph:
     if not any(n.op in ("Dequantize", "MatMulInteger", "ConvInteger") for n in g.nodes):
         return g
     flip_activations(g, activation_dtype(target))
     integer_data_movement(g)
-    integer_anchors(g, target)
+    integer_anchors(g, target, options)
     fold_requantize(g)
     return g
