@@ -279,9 +279,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="how MatMul/Conv are built: direct (default), ukernel, library[:mkl|openblas|onednn], "
                              "auto; `explain --strategy all` compares them for one node")
         sp.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
-                        help="bf16: MatMul/Conv multiply bfloat16 operands, accumulate float32 (AMX tiles or "
-                             "AVX512_BF16 vdpbf16ps where the CPU has them, else emulated); exe.meta['precision'] "
-                             "says how each anchor ran; int8 is --quantize int8")
+                        help="bf16: MatMul/Conv multiply bfloat16 operands, accumulate float32 (AMX tiles, "
+                             "AVX512_BF16 vdpbf16ps or Arm BF16 where the CPU has them; without any, float32 — "
+                             "emulated with --disable native_bf16_only); exe.meta['precision'] says how each "
+                             "anchor ran; int8 is --quantize int8")
         sp.add_argument("--strategy-for", action="append", metavar="NODE=S",
                         help="per node name or op type override, e.g. Conv=ukernel (repeatable)")
         sp.add_argument("--quantize", choices=["int8"],

@@ -204,6 +204,22 @@ def vnni_widths(target: Target | None) -> tuple[int, ...]:
     return tuple(out)
 
 
+def dpbf16_widths(target: Target | None) -> tuple[int, ...]:
+    """The float32 lane counts of the bf16 pair dot products `target` has, widest first: x86 `vdpbf16ps`
+    zmm/ymm/xmm, AArch64 BF16 `bfdot` v.4s (NEON, on SVE targets too); none elsewhere."""
+    if target is None:
+        return ()
+    f = features_on(target.features)
+    if target.arch == "aarch64":  # NEON's, also on an SVE target (the tile is then a fixed-width loop)
+        return (4,) if "bf16" in f else ()
+    if target.arch != "x86_64" or "avx512bf16" not in f:
+        return ()
+    out: list[int] = [16] if target.vector_bits >= 512 else []
+    if "avx512vl" in f and target.vector_bits >= 256:
+        out += [8, 4]
+    return tuple(out)
+
+
 # the AMX units Kiln's tile kernels use (kiln/ukernels/amx.py): the tile registers and both dot products
 AMX_FEATURES = frozenset({"amx-tile", "amx-bf16", "amx-int8"})
 

@@ -154,12 +154,13 @@ def test_bf16_amx_schedule_emulated(emulated_amx: None, name: str) -> None:
     from kiln import zoo
 
     m, feeds = zoo.build(name), zoo.inputs(name)
-    exe = kiln.compile(m, num_threads=2, cache=False, precision="bf16")
+    exe = kiln.compile(m, num_threads=2, cache=False, precision="bf16", native_bf16_only=False)
     assert "amx" in set(exe.meta["precision"].values()), exe.meta["precision"]
     before = CALLS[0]
     got = exe.run(feeds)[0]
     assert CALLS[0] > before
-    want = kiln.compile(m, num_threads=2, cache=False, precision="bf16", amx=False).run(feeds)[0]
+    want = kiln.compile(m, num_threads=2, cache=False, precision="bf16", amx=False,
+                        native_bf16_only=False).run(feeds)[0]
     assert_close(got, want, 1e-4)
 
 

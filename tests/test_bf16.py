@@ -30,10 +30,13 @@ from conftest import C, make_model, op_model, rand, run_kiln, run_ort
 from kiln.codegen.dpbf16 import dpbf16_widths
 from kiln.compiler import check_options, finish_cache_writes, lower
 from kiln.graph.passes.pack_weights import MIN_N
-from kiln.graph.passes.precision import pairs_only
+from kiln.graph.passes.precision import bf16_dot_product, pairs_only
 from kiln.runtime.amx import usable
 from kiln.target import resolve
 
+# where a width has no bf16 dot product Kiln keeps the anchors float32 (graph/passes/precision.py, switch
+# native_bf16_only): these tests check the emulation there instead; test_no_bf16_dot_product_runs_float32 the default
+EMULATE = {"native_bf16_only": False}
 U = 2.0 ** -8        # bf16 unit roundoff (8 significant bits, round to nearest even)
 F32 = 2.0 ** -24     # float32 unit roundoff
 
@@ -108,7 +111,7 @@ def check_bf16(model: onnx.ModelProto, feeds: dict[str, np.ndarray], op, K: int,
     the anchor in float64 on the given operands (x the input feed, w the model's weight initializer). With
     `winograd_pad` the conv is a bf16 Winograd one (3×3, that padding): its references are winograd_bf16's, the
     float32 sums K + 9 terms long (M's, then the output transform's)."""
-    got = run_kiln(model, feeds, target=width, precision="bf16")
+    got = run_kiln(model, feeds, target=width, precision="bf16", **EMULATE)
     if got is None:
         return {}
     (x,) = feeds.values()
@@ -127,7 +130,7 @@ def check_bf16(model: onnx.ModelProto, feeds: dict[str, np.ndarray], op, K: int,
     if want_paths == {"fp32"}:  # kept float32 (module docstring of passes/precision.py): float32 accuracy
         bound = K * F32 * op(np.abs(x.astype(np.float64)), np.abs(w.astype(np.float64))) + F32 * np.abs(b) + 1e-30
         assert (np.abs(y - fp32) <= 4 * bound).all(), np.abs(y - fp32).max()
-        exe = kiln.compile(model, target=width, precision="bf16", num_threads=2)
+        exe = kiln.compile(model, target=width, precision="bf16", **EMULATE, num_threads=2)
         assert set(exe.meta["precision"].values()) == want_paths, exe.meta["precision"]
         return exe.meta
     acc = K * F32 * absprod + F32 * np.abs(b) + 1e-30
@@ -139,7 +142,7 @@ def check_bf16(model: onnx.ModelProto, feeds: dict[str, np.ndarray], op, K: int,
     assert (np.abs(y - fp32) <= bound).all(), "beyond the bf16 error bound vs float32"
     # the fp32 reference is onnxruntime's too (the model means what the float64 op says)
     np.testing.assert_allclose(run_ort(model, feeds)[0], fp32, rtol=1e-4, atol=1e-4 * np.abs(fp32).max())
-    exe = kiln.compile(model, target=width, precision="bf16", num_threads=2)
+    exe = kiln.compile(model, target=width, precision="bf16", **EMULATE, num_threads=2)
     assert set(exe.meta["precision"].values()) == (paths or {expected_path(width)}), exe.meta["precision"]
     assert exe.meta["amx"] == ("amx" in exe.meta["precision"].values())
     assert any("winogradproduct" in k for k in exe.meta["kernels"]) == (winograd_pad is not None), exe.meta["kernels"]
@@ -179,14 +182,14 @@ def test_activation_matmul(width: str, name: str) -> None:
     sa, sb = ACTIVATION_MATMULS[name]
     x, y = rand(*sa, seed=31), rand(*sb, seed=32)
     model, feeds = op_model("MatMul", [x, y])
-    got = run_kiln(model, feeds, target=width, precision="bf16")
+    got = run_kiln(model, feeds, target=width, precision="bf16", **EMULATE)
     if got is None:
         return
     K = sa[-1]
     exact, absprod = bf16(x) @ bf16(y), np.abs(bf16(x)) @ np.abs(bf16(y))
     fp32 = x.astype(np.float64) @ y.astype(np.float64)
     out = got[0].astype(np.float64)
-    exe = kiln.compile(model, target=width, precision="bf16", num_threads=2)
+    exe = kiln.compile(model, target=width, precision="bf16", **EMULATE, num_threads=2)
     assert exe.meta["precision"] == {"matmul_node": activation_path(width)}
     if activation_path(width) == "fp32":  # kept float32: float32 accuracy
         bound = K * F32 * (np.abs(x.astype(np.float64)) @ np.abs(y.astype(np.float64)))
@@ -275,7 +278,7 @@ def test_few_channels_padded_to_pairs(width: str, ci: int) -> None:
     x, w, b = rand(1, ci, 17, 17, seed=40 + ci), rand(32, ci, 3, 3, seed=50 + ci, lo=-0.5, hi=0.5), rand(32, seed=9)
     model, feeds = op_model("Conv", [x, C(w), C(b)], {"strides": [2, 2], "pads": [1] * 4})
     padded = pads_to_pairs(width, ci)
-    c = lower(model, resolve(width), 2, check_options({}), precision="bf16", stop_after="kernels")
+    c = lower(model, resolve(width), 2, check_options(EMULATE), precision="bf16", stop_after="kernels")
     pads = [n for n in c.graph.nodes if n.op == "Pad"]
     (anchor,) = [n for n in c.graph.nodes if n.op in ("PackedConv", "Conv")]
     assert len(pads) == padded and bool(anchor.attrs.get("pair_block")) == padded
@@ -290,7 +293,7 @@ def test_few_channels_padded_to_pairs(width: str, ci: int) -> None:
         from kiln.codegen.jit import emit_assembly, optimize
 
         t = resolve(width)
-        low = lower(model, t, 2, check_options({}), precision="bf16", stop_after="llvm")
+        low = lower(model, t, 2, check_options(EMULATE), precision="bf16", stop_after="llvm")
         name = next(k.name for k in low.program.kernels if "toblocked" in k.name)
         asm = function_asm(emit_assembly(optimize(low.llvm_ir, t), t), [name])
         assert re.search(r"vperm[ti]2w", asm), asm[:3000]
@@ -298,16 +301,48 @@ def test_few_channels_padded_to_pairs(width: str, ci: int) -> None:
         assert ci != 3 or not re.search(r"vpunpck|vpshufb", asm), asm[:3000]
 
 
+def test_no_bf16_dot_product_runs_float32(width: str) -> None:
+    """By default a width without a bf16 dot product (no AMX, AVX512_BF16: avx2 and sse on Zen 4; every width on an
+    AVX2 host) keeps the bf16 anchors float32 — what the float32 build computes, bit for bit, with exe.meta saying so;
+    where the width has one (or with the switch native_bf16_only off) they multiply bf16. A residual block: its
+    convs and the MatMul head."""
+    x = rand(1, 16, 8, 8, seed=21)
+    w1, w2, wm = rand(32, 16, 3, 3, seed=22), rand(32, 32, 1, 1, seed=23), rand(8, 32, seed=24)
+    model, feeds = make_model([helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1] * 4),
+                               helper.make_node("Relu", ["a"], ["r"]),
+                               helper.make_node("Conv", ["r", "w2"], ["b"]),
+                               helper.make_node("Add", ["a", "b"], ["s"]),
+                               helper.make_node("MatMul", ["s", "wm"], ["y"])],
+                              {"x": x}, ["y"], {"w1": w1, "w2": w2, "wm": wm}), {"x": x}
+    native = bf16_dot_product(resolve(width))
+    c = lower(model, resolve(width), 2, check_options({}), precision="bf16", stop_after="kernels")
+    marks = {n.name: n.attrs.get("precision") for n in c.graph.nodes if "precision" in n.attrs}
+    assert marks and (("bf16" in marks.values()) == native), marks
+    emulated = lower(model, resolve(width), 2, check_options(EMULATE), precision="bf16", stop_after="kernels")
+    assert "bf16" in {n.attrs.get("precision") for n in emulated.graph.nodes}
+    got = run_kiln(model, feeds, target=width, precision="bf16")
+    if got is None:
+        return
+    exe = kiln.compile(model, target=width, precision="bf16", num_threads=2)
+    if native:
+        assert "bf16 dot products" in exe.meta["bf16"], exe.meta["bf16"]
+        return
+    assert set(exe.meta["precision"].values()) == {"fp32"} and "run float32" in exe.meta["bf16"], exe.meta
+    fp32 = run_kiln(model, feeds, target=width)
+    np.testing.assert_array_equal(got[0], fp32[0])
+    assert kiln.compile(model, target=width).meta["bf16"] is None
+
+
 def test_depthwise_stays_fp32(width: str) -> None:
     """Depthwise convs keep float32 (memory-bound: nothing for a bf16 dot product to speed up): fp32-exact."""
     x, w = rand(1, 32, 10, 10, seed=9), rand(32, 1, 3, 3, seed=10)
     model, feeds = op_model("Conv", [x, C(w)], {"group": 32, "pads": [1] * 4})
-    got = run_kiln(model, feeds, target=width, precision="bf16")
+    got = run_kiln(model, feeds, target=width, precision="bf16", **EMULATE)
     if got is None:
         return
     np.testing.assert_allclose(got[0], conv(1, 1, 32)(x.astype(np.float64), w.astype(np.float64)),
                                rtol=0, atol=1e-5 * np.abs(got[0]).max())
-    assert kiln.compile(model, target=width, precision="bf16").meta["precision"] == {}
+    assert kiln.compile(model, target=width, precision="bf16", **EMULATE).meta["precision"] == {}
 
 
 @pytest.mark.parametrize("hw", [16, 13], ids=["even", "odd"])
@@ -320,7 +355,7 @@ def test_winograd_in_bf16_only_beside_vdpbf16ps(width: str, hw: int) -> None:
     wino = takes_winograd(width, 64, 64, 3, 1)
     meta = check_bf16(model, feeds, conv(1, 1), 64 * 9, width, winograd_pad=1 if wino else None)
     if not meta:  # a width this CPU cannot run: its build still takes the path, object emitted
-        c = lower(model, resolve(width), 2, check_options({}), precision="bf16", stop_after="kernels")
+        c = lower(model, resolve(width), 2, check_options(EMULATE), precision="bf16", stop_after="kernels")
         assert any(n.op == "WinogradProduct" for n in c.graph.nodes) == wino
 
 
@@ -336,14 +371,14 @@ def test_fused_chain(width: str) -> None:
              helper.make_node("Add", ["c", "r"], ["s"], name="residual"),
              helper.make_node("MatMul", ["s", "wm"], ["y"], name="fc")]
     model = make_model(nodes, {"x": x}, ["y"], {"w1": w1, "w2": w2, "wm": wm})
-    got = run_kiln(model, {"x": x}, target=width, precision="bf16")
+    got = run_kiln(model, {"x": x}, target=width, precision="bf16", **EMULATE)
     if got is None:
         return
     want = run_ort(model, {"x": x})[0]
     rel = np.abs(got[0] - want).max() / np.abs(want).max()
     assert rel < 3 * 2 * U * np.sqrt(288), rel
     assert rel > 0, "bf16 rounding left no trace: the anchors did not run in bf16"
-    meta = kiln.compile(model, target=width, precision="bf16").meta
+    meta = kiln.compile(model, target=width, precision="bf16", **EMULATE).meta
     # conv2's output (+ the residual) leaves the blocked layout for fc: an NCHW output, which the AMX tiles do not
     # take (their C block would be stored transposed) and the vdpbf16ps register tile does
     path = expected_path(width)
@@ -372,7 +407,7 @@ def test_precision_in_cache_key(tmp_path, monkeypatch) -> None:
     x, w = rand(16, 64, seed=19), rand(64, 32, seed=20)
     model, feeds = op_model("MatMul", [x, C(w)])
     a = kiln.compile(model, num_threads=2).run(feeds)[0]
-    b = kiln.compile(model, num_threads=2, precision="bf16").run(feeds)[0]
+    b = kiln.compile(model, num_threads=2, precision="bf16", **EMULATE).run(feeds)[0]
     assert not np.array_equal(a, b)
     finish_cache_writes()
     assert len(list(tmp_path.glob("*.kiln"))) == 2
@@ -401,7 +436,7 @@ def test_cross_isa_emulated(target: str, tmp_path) -> None:  # noqa: ANN001
     if missing:
         pytest.skip(missing)
     model, feeds, exact, absprod = conv_case(target)
-    binary = kc.build_binary(model, t, str(tmp_path / "b"), precision="bf16")
+    binary = kc.build_binary(model, t, str(tmp_path / "b"), precision="bf16", options=EMULATE)
     outs, _ = kc.run_qemu(binary, feeds, vlen=128)
     assert (np.abs(outs[0] - exact) <= 288 * F32 * absprod + 1e-30).all()
     assert not np.array_equal(outs[0], run_ort(model, feeds)[0])  # it did round: bf16, not a float32 build
@@ -440,13 +475,13 @@ def test_bert_layer(width: str) -> None:
     onnxruntime float32 ≤ 4·2⁻⁸ (measured ≈ 1e-3; OpenVINO bf16 gets 3.9e-3 on all 12 layers)."""
     model = bert_layer()
     feeds = {"embeddings": rand(1, 128, 768, seed=23)}
-    got = run_kiln(model, feeds, target=width, precision="bf16")
+    got = run_kiln(model, feeds, target=width, precision="bf16", **EMULATE)
     if got is None:
         return
     want = run_ort(model, feeds)[0]
     rel = float(np.abs(got[0] - want).max() / np.abs(want).max())
     assert 0 < rel <= 4 * U, rel
-    meta = kiln.compile(model, target=width, precision="bf16").meta
+    meta = kiln.compile(model, target=width, precision="bf16", **EMULATE).meta
     counts = {p: list(meta["precision"].values()).count(p) for p in set(meta["precision"].values())}
     want: dict[str, int] = {expected_path(width): 6}
     want[activation_path(width)] = want.get(activation_path(width), 0) + 2
@@ -465,7 +500,7 @@ def test_zoo_model_vs_openvino_bf16(name: str) -> None:
 
     model, feeds = zoo.build(name), zoo.inputs(name)
     want = run_ort(model, feeds)[0]
-    exe = kiln.compile(model, num_threads=2, precision="bf16")
+    exe = kiln.compile(model, num_threads=2, precision="bf16", **EMULATE)
     core = ov.Core()
     compiled = core.compile_model(core.read_model(model.SerializeToString(), b""), "CPU",
                                   {"INFERENCE_PRECISION_HINT": "bf16", "INFERENCE_NUM_THREADS": 2})
@@ -483,7 +518,7 @@ def test_switches_off(switches: dict[str, bool]) -> None:
     emulation; dpbf16=False too: the emulated kernel. The same bf16-exact result every way (a Winograd conv where
     the target's one bf16 dot product is vdpbf16ps: the graph pass decides by the target, conv_case)."""
     model, feeds, exact, absprod = conv_case()
-    exe = kiln.compile(model, num_threads=2, precision="bf16", cache=False, **switches)
+    exe = kiln.compile(model, num_threads=2, precision="bf16", **EMULATE, cache=False, **switches)
     path = "avx512bf16" if switches.get("dpbf16", True) and dpbf16_widths(resolve("host")) else "emulated"
     assert exe.meta["precision"] == {"conv_node": path} and exe.meta["amx"] is False
     assert any("winogradproduct" in k for k in exe.meta["kernels"]) == takes_winograd("host", 32, 48, 3, 1)
@@ -502,7 +537,7 @@ def test_streamed_weights_one_pass() -> None:
         pytest.skip("the AMX schedule needs a host whose process may use AMX")
     n, ci, h, w_, co, k, s, p = CONVS["3x3-7x7-wide"]
     model, _ = op_model("Conv", [rand(n, ci, h, w_), C(rand(co, ci, k, k))], {"pads": [p] * 4})
-    lowered = lower(model, target, 2, {}, stop_after="kernels", precision="bf16")
+    lowered = lower(model, target, 2, dict(EMULATE), stop_after="kernels", precision="bf16")
     (conv_kernel,) = [kern for kern in lowered.program.kernels if "packedconv" in kern.name]
     nests = [s for s in conv_kernel.body if isinstance(s, Loop) and s.kind == "parallel"]
     assert len(nests) == 1 and nests[0].extent.value == co // 32, nests
@@ -522,7 +557,7 @@ def test_dpbf16_emitted_on_any_x86_host() -> None:
     t = with_features(resolve("avx512"), "avx512bf16", "avx512vl")
     x, w = rand(37, 96, seed=40), rand(96, 80, seed=41)
     model, _ = op_model("MatMul", [x, C(w)])
-    low = lower(model, t, 2, {"amx": False}, precision="bf16", stop_after="llvm")
+    low = lower(model, t, 2, {"amx": False, **EMULATE}, precision="bf16", stop_after="llvm")
     assert [k.precision for k in low.program.kernels if k.precision] == [{"matmul_node": "avx512bf16"}]
     asm = emit_assembly(optimize(low.llvm_ir, t), t)
     assert "vdpbf16ps" in asm and "zmm" in asm
@@ -570,10 +605,10 @@ def test_bounds_checked_bf16_build(width: str) -> None:
     same bf16-rounded result as the fast build, within float32 accumulation (K·2⁻²⁴·Σ|x·w|)."""
     x, w = rand(37, 96, seed=42), rand(96, 80, seed=43)
     model, feeds = op_model("MatMul", [x, C(w)])
-    fast = run_kiln(model, feeds, target=width, precision="bf16")
+    fast = run_kiln(model, feeds, target=width, precision="bf16", **EMULATE)
     if fast is None:
         return
-    checked = run_kiln(model, feeds, target=width, precision="bf16", bounds_check=True)[0]
+    checked = run_kiln(model, feeds, target=width, precision="bf16", **EMULATE, bounds_check=True)[0]
     absprod = np.abs(bf16(x)) @ np.abs(bf16(w))
     assert (np.abs(checked.astype(np.float64) - fast[0]) <= 2 * 96 * F32 * absprod + 1e-30).all()
     assert (np.abs(checked - bf16(x) @ bf16(w)) <= 96 * F32 * absprod + 1e-30).all()
@@ -590,14 +625,14 @@ def test_bf16_ukernel(width: str, shape: tuple[int, ...]) -> None:
     *m, k, n = shape
     x, w = rand(*m, k, seed=1), rand(k, n, seed=2)
     model, feeds = op_model("MatMul", [x, C(w)])
-    got = run_kiln(model, feeds, target=width, precision="bf16", strategy="ukernel")
+    got = run_kiln(model, feeds, target=width, precision="bf16", **EMULATE, strategy="ukernel")
     if got is not None:
         exact, absprod = bf16(x) @ bf16(w), np.abs(bf16(x)) @ np.abs(bf16(w))
         err = np.abs(got[0].astype(np.float64) - exact)
         assert (err <= k * F32 * absprod + 1e-30).all(), err.max()
     t = resolve(width)
     from kiln.compiler import check_options, lower
-    c = lower(model, t, 2, check_options({}), strategy="ukernel", precision="bf16", stop_after="llvm")
+    c = lower(model, t, 2, check_options(EMULATE), strategy="ukernel", precision="bf16", stop_after="llvm")
     built = {node: how for kern in c.program.kernels for node, how in kern.strategies.items()}
     method, why = method_for(t, "bfloat16", 2 * t.lanes(32))
     if usable(t.features):
@@ -630,7 +665,8 @@ def test_bf16_tiles_on_sve_under_qemu(tmp_path, name: str) -> None:  # noqa: ANN
               "ukernel": ("ukernel", None, "bfmmla"), "emulated": ("direct", {"dpbf16": False}, None)}
     out = {}
     for label, (strategy, options, instr) in builds.items():
-        b = kc.build_binary(model, t, str(tmp_path / label), strategy=strategy, options=options, precision="bf16")
+        b = kc.build_binary(model, t, str(tmp_path / label), strategy=strategy, options={**(options or {}), **EMULATE},
+                            precision="bf16")
         out[label] = kc.run_qemu(b, feeds, vlen=256)[0][0]
         asm = (tmp_path / label / "model.s").read_text()
         assert [i for i in ("bfmmla", "bfdot") if i in asm] == ([instr] if instr else []), label
@@ -659,7 +695,8 @@ def test_bf16_aarch64_under_qemu(tmp_path, name: str) -> None:  # noqa: ANN001
               "emulated": ("direct", {"dpbf16": False})}
     out = {}
     for label, (strategy, options) in builds.items():
-        b = kc.build_binary(model, t, str(tmp_path / label), strategy=strategy, options=options, precision="bf16")
+        b = kc.build_binary(model, t, str(tmp_path / label), strategy=strategy, options={**(options or {}), **EMULATE},
+                            precision="bf16")
         out[label] = kc.run_qemu(b, feeds)[0][0]
     assert "bfmmla" in (tmp_path / "ukernel" / "model.s").read_text()
     asm = {label: (tmp_path / label / "model.s").read_text() for label in ("direct", "bfdot")}

@@ -305,7 +305,7 @@ def test_bf16_with_symbolic_dims_runs_emulated_and_says_so() -> None:
     (relative rounding 2^-9 per operand), the K=32 products accumulate in fp32: 2e-2 of the output's magnitude."""
     model = attention_model()
     exe = kiln.compile(model, num_threads=2, cache=False, dynamic_bounds={"batch": (1, 4), "seq": (1, 48)},
-                       precision="bf16")
+                       precision="bf16", native_bf16_only=False)  # (a CPU without a bf16 dot product: float32)
     # the weight GEMMs run emulated; the MatMuls of two activations too, or float32 on a CPU whose only bf16 dot
     # product is vdpbf16ps (kiln/graph/passes/precision.py pairs_only: it would not take them)
     from kiln.graph.passes.precision import pairs_only

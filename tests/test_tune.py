@@ -145,7 +145,7 @@ def test_dot_tile_space(kind: str, width: str, tmp_path) -> None:
     With AMX off: on an AMX host the anchors would run on the tile kernels (schedule/amx.py), not on these tiles."""
     model, feeds, precision = low_precision_conv(kind)
     t = resolve(width)
-    opts = {"amx": False}
+    opts = {"amx": False, "native_bf16_only": False}  # (a width without a bf16 dot product: its emulated tile)
     ws = workloads_of(kernels_of(model, t, 2, opts, precision=precision))
     w = max(ws, key=lambda x: x.flops)
     # (a bf16 3×3 conv is Winograd where vdpbf16ps is the target's one bf16 dot product: its products the anchor)

@@ -19,30 +19,12 @@ from __future__ import annotations
 from llvmlite import ir
 
 from kiln.codegen.bf16 import BF16
-from kiln.codegen.int8 import dot_operands, features, pieces
+from kiln.codegen.int8 import dot_operands, pieces
 from kiln.kernel.analysis import coef
 from kiln.kernel.dot import Dot2
-from kiln.target import Target
+from kiln.target import dpbf16_widths
 
 I16, F32 = ir.IntType(16), ir.FloatType()
-
-
-def dpbf16_widths(target: Target | None) -> tuple[int, ...]:
-    """The float32 lane counts of the pair dot products `target` has, widest first: x86 `vdpbf16ps` zmm/ymm/xmm,
-    AArch64 BF16 `bfdot` v.4s (NEON, on SVE targets too); none elsewhere."""
-    if target is None:
-        return ()
-    if target.arch == "aarch64":  # NEON's, also on an SVE target (the tile is then a fixed-width loop)
-        return (4,) if "bf16" in features(target) else ()
-    if target.arch != "x86_64":
-        return ()
-    f = features(target)
-    if "avx512bf16" not in f:
-        return ()
-    out: list[int] = [16] if target.vector_bits >= 512 else []
-    if "avx512vl" in f and target.vector_bits >= 256:
-        out += [8, 4]
-    return tuple(out)
 
 
 def emit_dot2(em, e: Dot2) -> tuple[ir.Value, bool]:  # noqa: ANN001  (em: codegen.exprs.ExprEmitter)

@@ -21,12 +21,11 @@ contiguous: NCHW-input convs; MatMuls of two activations, whose B is not in pair
 register tile or vectorization is off."""
 from __future__ import annotations
 
-from kiln.codegen.dpbf16 import dpbf16_widths
 from kiln.kernel.ir import Bin, Compute, Kernel, Load, Reduce, Stmt, walk
 from kiln.schedule.config import Decisions
 from kiln.schedule.dot_form import DotForm, grouped_reads
 from kiln.schedule.int8 import dot_tile
-from kiln.target import Target
+from kiln.target import Target, dpbf16_widths
 
 
 def bf16_form(c: Compute) -> DotForm | None:

@@ -35,13 +35,19 @@ ToBlocked reorder read by its anchor alone becomes the reorder of a Cast (ToBloc
 the reorder, one kernel). What stays float32: softmax, layer/instance normalization (their statistics), reductions,
 pooling, residual adds, every output. The kernels record how each anchor ran (exe.meta["precision"]): AMX tiles,
 AVX512_BF16 vdpbf16ps ("avx512bf16"), emulated, or "fp32" — on a target whose only bf16 dot product is vdpbf16ps
-(`pairs_only`), an anchor its tile cannot take stays float32 rather than run emulated."""
+(`pairs_only`), an anchor its tile cannot take stays float32 rather than run emulated.
+
+A target with no bf16 dot product at all (AVX2 and SSE — Zen 3, Zen 2, Skylake —, AArch64 without BF16, RVV) keeps
+every anchor float32 (`assign_precision`, switch `native_bf16_only`), as OpenVINO treats its bf16 hint there: the
+emulation (bf16 storage, a widening per operand, float32 multiply-adds, no Winograd) measured 2.2–2.8× slower than
+float32 as an AVX2 host (Zen 4 at KILN_HOST_VECTOR_BITS=256, 2 threads: resnet50 100.9 vs 36.0 ms, mobilenetv2 7.89
+vs 3.58, bert_base 294 vs 119). exe.meta["bf16"] says so; with the switch off the anchors run emulated."""
 from __future__ import annotations
 
 import numpy as np
 
 from kiln.graph.ir import Graph, Node, TensorType, Value
-from kiln.target import AMX_FEATURES, Target, features_on
+from kiln.target import AMX_FEATURES, Target, dpbf16_widths, features_on
 
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16")
 # a flattened K (a GEMM's, an NCHW-input conv's Ci·kh·kw) is padded with zero rows to a multiple of one AMX step
@@ -58,14 +64,25 @@ def check_precision(p: str) -> str:
     return p
 
 
-def assign_precision(g: Graph, precision: str = "fp32") -> Graph:
-    """Mark every MatMul and dense Conv with `attrs["precision"]` (bf16 anchors) — see the module docstring."""
+def bf16_dot_product(target: Target) -> bool:
+    """Does `target` multiply bf16 in hardware: AMX tiles, AVX512_BF16 vdpbf16ps, AArch64 BF16 (BFDOT / BFMMLA)?"""
+    return bool(dpbf16_widths(target)) or (target.arch == "x86_64" and AMX_FEATURES <= features_on(target.features))
+
+
+def assign_precision(g: Graph, precision: str = "fp32", target: Target | None = None,
+                     options: dict[str, bool] | None = None) -> Graph:
+    """Mark every MatMul and dense Conv with `attrs["precision"]` (bf16 anchors) — see the module docstring. On a
+    target without a bf16 dot product (switch `native_bf16_only`) they stay float32, marked `bf16_kept_fp32`."""
     check_precision(precision)
+    emulate = target is None or bf16_dot_product(target) or not (options or {}).get("native_bf16_only", True)
     for n in g.nodes:
         if n.op == "MatMul" or n.op == "Conv":
             dense = n.op == "MatMul" or n.attrs.get("group", 1) == 1
             floats = all(v.dtype == "float32" for v in n.inputs[:2])
-            n.attrs["precision"] = "bf16" if precision == "bf16" and dense and floats else "fp32"
+            bf16 = precision == "bf16" and dense and floats
+            n.attrs["precision"] = "bf16" if bf16 and emulate else "fp32"
+            if bf16 and not emulate:
+                n.attrs["bf16_kept_fp32"] = True   # exe.meta["precision"] says "fp32" for it
     return g
 
 
@@ -116,7 +133,8 @@ def pairs_only(target: Target | None) -> bool:
     tile (schedule/bf16.py) reads weights paired at compile time and A with each pair contiguous; an anchor it cannot
     take would run emulated — bf16 rounding for no speed (the emulation's float32 multiply-adds cost what float32's
     do, plus the casts) — so there such anchors stay float32 (`_pair_tile_takes`). Targets without any bf16 dot
-    product (AVX2, SSE, the cross ISAs) emulate every anchor: bf16 there means bf16 storage, as asked."""
+    product (AVX2, SSE, the cross ISAs) keep every anchor float32 (`assign_precision`, switch `native_bf16_only`; off:
+    all emulated — bf16 storage, as asked)."""
     if target is None or target.arch != "x86_64" or target.vector_bits < 256:
         return False
     on = features_on(target.features)
