@@ -448,11 +448,13 @@ def test_cli_precision(tmp_path, capsys) -> None:  # noqa: ANN001
     model, feeds, exact, absprod = conv_case()
     onnx.save(model, str(tmp_path / "m.onnx"))
     np.save(tmp_path / "x.npy", feeds["x0"])
+    emulate = ["--disable", "native_bf16_only"]  # (a host without a bf16 dot product: its emulation, as EMULATE)
     assert main(["run", str(tmp_path / "m.onnx"), "--precision", "bf16", "--input", f"x0={tmp_path / 'x.npy'}",
-                 "--output", str(tmp_path / "y.npy"), "--repeat", "1", "--no-cache"]) == 0
+                 "--output", str(tmp_path / "y.npy"), "--repeat", "1", "--no-cache", *emulate]) == 0
     y = np.load(tmp_path / "y.npy")
     assert (np.abs(y - exact) <= 288 * F32 * absprod + 1e-30).all()
-    assert main(["compile", str(tmp_path / "m.onnx"), "--precision", "bf16", "-o", str(tmp_path / "m.kiln")]) == 0
+    assert main(["compile", str(tmp_path / "m.onnx"), "--precision", "bf16", "-o", str(tmp_path / "m.kiln"),
+                 *emulate]) == 0
     exe = kiln.load(str(tmp_path / "m.kiln"))
     assert exe.meta["precision"] == {"conv_node": expected_path("host")}
     assert (np.abs(exe.run(feeds)[0] - exact) <= 288 * F32 * absprod + 1e-30).all()

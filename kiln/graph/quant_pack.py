@@ -30,7 +30,8 @@ def dot_group(target: Target, options: dict[str, bool] | None = None) -> int:
     loops), or — switch `word_weights` — 2 int16 values on x86 without VNNI (pmaddwd: kernel/dot.py Dot2). With
     the bytes widened in the loop instead, int8 was slower than float32 as an AVX2 host (Zen 4 at
     KILN_HOST_VECTOR_BITS=256: resnet50 0.72×, mobilenetv2 0.84×)."""
-    word = (options or {}).get("word_weights", True) and target.arch == "x86_64" and not vnni_widths(target)
+    word = (options or {}).get("word_weights", True) and target.arch == "x86_64" and not vnni_widths(target) \
+        and "amx-int8" not in features_on(target.features)  # (AMX tiles read bytes; every AMX CPU has VNNI anyway)
     return 2 if word else INT8_K_GROUP
 
 

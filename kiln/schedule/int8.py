@@ -120,7 +120,8 @@ def schedule_int8(k: Kernel, c: Compute, tag: str, target: Target, threads: int,
     if strategy.startswith("library"):  # (an anchor whose library has an integer GEMM never gets here)
         why = (f"no integer GEMM for {form.a.dtype} activations in {strategy} (library:onednn has u8 and "
                "s8, library:mkl u8)")
-    nest = schedule_amx(k, c, tag, target, threads, options, dec)  # AMX tiles (tdpbusd) where the host has them
+    # AMX tiles (tdpbusd) where the host has them — on weights in bytes (int16 pairs: a target without VNNI)
+    nest = schedule_amx(k, c, tag, target, threads, options, dec) if form.group == 4 else None
     if nest is not None:
         k.precision[node] = "amx"
         k.strategies.setdefault(node, f"direct ({strategy} not available: {why})" if why else strategy)
