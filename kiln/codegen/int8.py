@@ -116,6 +116,7 @@ def emit_word_dot2(em, e: Dot2) -> tuple[ir.Value, bool]:  # noqa: ANN001  (em: 
                            for i in range(0, n, w)]), True
 
 
+PMADDWD = {4: "llvm.x86.sse2.pmadd.wd", 8: "llvm.x86.avx2.pmadd.wd", 16: "llvm.x86.avx512.pmaddw.d.512"}  # by lanes
 PSHUFB = {128: ("llvm.x86.ssse3.pshuf.b.128", "ssse3"), 256: ("llvm.x86.avx2.pshuf.b", "avx2"),
           512: ("llvm.x86.avx512.pshuf.b.512", "avx512bw")}
 
@@ -139,7 +140,7 @@ def _zero_extend_pairs(em, bytes_: ir.Value, target: Target) -> ir.Value:  # noq
 
 
 def _pmaddwd_words(em, acc: ir.Value, a16: ir.Value, b16: ir.Value, w: int) -> ir.Value:  # noqa: ANN001
-    name = {4: "llvm.x86.sse2.pmadd.wd", 8: "llvm.x86.avx2.pmadd.wd", 16: "llvm.x86.avx512.pmaddw.d.512"}[w]
+    name = PMADDWD[w]
     vt, ht = ir.VectorType(I32, w), ir.VectorType(I16, 2 * w)
     return em.b.add(acc, em.b.call(em._decl(name, vt, [ht, ht]), [a16, b16]))
 
@@ -337,7 +338,7 @@ def _pairs(em, v: ir.Value, first: int, w: int, signed: bool) -> ir.Value:  # no
 
 
 def _pmaddwd(em, acc: ir.Value, a8: ir.Value, b8: ir.Value, w: int, a_dtype: str) -> ir.Value:  # noqa: ANN001
-    name = {4: "llvm.x86.sse2.pmadd.wd", 8: "llvm.x86.avx2.pmadd.wd", 16: "llvm.x86.avx512.pmaddw.d.512"}[w]
+    name = PMADDWD[w]
     vt, ht = ir.VectorType(I32, w), ir.VectorType(I16, 2 * w)
     fn = em._decl(name, vt, [ht, ht])
     out = acc

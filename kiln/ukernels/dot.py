@@ -247,14 +247,7 @@ def _vector_group(emit, method: str, ab: str, mr: int, nr: int, w: int, q: str, 
     if ab.endswith("s16"):
         return _word_group(emit, ab, mr, nr, w, q, acc, tag)
     bt, vt = f"<{4 * w} x i8>", f"<{w} x i32>"
-    emit(f"  %{tag}bo = mul i64 {q}, {4 * nr}")
-    emit(f"  %{tag}ao = mul i64 {q}, 4")
-    bs = []
-    for v in range(nr // w):
-        emit(f"  %{tag}bo.{v} = add i64 %{tag}bo, {4 * w * v}")
-        emit(f"  %{tag}bp.{v} = getelementptr i8, ptr %bs, i64 %{tag}bo.{v}")
-        emit(f"  %{tag}b.{v} = load {bt}, ptr %{tag}bp.{v}, align 1")
-        bs.append(f"%{tag}b.{v}")
+    bs = _b_vectors(emit, tag, q, nr, w, bt, 4)
     wide = method.startswith("pmaddwd")
     if wide:  # B's byte pairs (0, 1) and (2, 3) of each lane, sign-extended once per group for all rows
         bs = [(_pairs(emit, b, w, 0, True, f"{tag}bl{v}"), _pairs(emit, b, w, 2, True, f"{tag}bh{v}"))
@@ -295,6 +288,19 @@ def _vector_group(emit, method: str, ab: str, mr: int, nr: int, w: int, q: str, 
     return new
 
 
+def _b_vectors(emit, tag: str, q: str, nr: int, w: int, vtype: str, a_bytes: int) -> list[str]:  # noqa: ANN001
+    """Group q's NR/W B vectors (4·NR bytes a group, `vtype` each), and %{tag}ao: A's offset (`a_bytes` a group)."""
+    emit(f"  %{tag}bo = mul i64 {q}, {4 * nr}")
+    emit(f"  %{tag}ao = mul i64 {q}, {a_bytes}")
+    bs = []
+    for v in range(nr // w):
+        emit(f"  %{tag}bo.{v} = add i64 %{tag}bo, {4 * w * v}")
+        emit(f"  %{tag}bp.{v} = getelementptr i8, ptr %bs, i64 %{tag}bo.{v}")
+        emit(f"  %{tag}b.{v} = load {vtype}, ptr %{tag}bp.{v}, align 1")
+        bs.append(f"%{tag}b.{v}")
+    return bs
+
+
 PSHUFB = {8: "avx2.pshuf.b", 16: "avx512.pshuf.b.512"}  # by 32-bit lanes (the pmaddwd256 / 512 methods' ISAs)
 
 
@@ -304,14 +310,7 @@ def _word_group(emit, ab: str, mr: int, nr: int, w: int, q: str,  # noqa: ANN001
     MR·NR/W vpmaddwd."""
     ht, vt = f"<{2 * w} x i16>", f"<{w} x i32>"
     fn = {4: "sse2.pmadd.wd", 8: "avx2.pmadd.wd", 16: "avx512.pmaddw.d.512"}[w]
-    emit(f"  %{tag}bo = mul i64 {q}, {4 * nr}")
-    emit(f"  %{tag}ao = mul i64 {q}, 2")
-    bs = []
-    for v in range(nr // w):
-        emit(f"  %{tag}bo.{v} = add i64 %{tag}bo, {4 * w * v}")
-        emit(f"  %{tag}bp.{v} = getelementptr i8, ptr %bs, i64 %{tag}bo.{v}")
-        emit(f"  %{tag}b.{v} = load {ht}, ptr %{tag}bp.{v}, align 2")
-        bs.append(f"%{tag}b.{v}")
+    bs = _b_vectors(emit, tag, q, nr, w, ht, 2)
     new = {}
     for i in range(mr):
         emit(f"  %{tag}ap.{i} = getelementptr i8, ptr %ab.{i}, i64 %{tag}ao")
