@@ -123,9 +123,9 @@ PSHUFB = {128: ("llvm.x86.ssse3.pshuf.b.128", "ssse3"), 256: ("llvm.x86.avx2.psh
 
 def _zero_extend_pairs(em, bytes_: ir.Value, target: Target) -> ir.Value:  # noqa: ANN001
     """Bytes (0, 1) of a broadcast word (of each 128-bit lane) as zero-extended words in every 32-bit lane:
-    [b0, 0, b1, 0, …]. One
-    `vpshufb` whose control passes through an empty asm — given the constant, LLVM 22 splits it into an unpack and a
-    second broadcast (three shuffles per activation pair instead of one) —, where the vector is one register."""
+    [b0, 0, b1, 0, …]. One `vpshufb` whose control passes through an empty asm — given the constant, LLVM 22 splits
+    it into an unpack and a second broadcast (three shuffles per activation pair instead of one) —, where the vector
+    is one register."""
     count = bytes_.type.count
     spread = [i // 2 % 2 if i % 2 == 0 else 0x80 for i in range(count)]  # 0x80: pshufb's zero
     name, feature = PSHUFB.get(8 * count, ("", ""))

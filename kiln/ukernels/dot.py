@@ -21,7 +21,7 @@ A GEMM is one step (n2 = n1 = n0 = 1, K4 = K/4); a blocked 3×3 conv has (Ci/cb,
 advancing by the input's channel-block, row and pixel strides: the whole reduction is one call, its accumulators
 in registers throughout (no C reload per tap).
 
-Methods (`<method>`; `<ab>` = A's then B's signedness, u8s8 or s8s8, or bf16):
+Methods (`<method>`; `<ab>` = A's then B's type, u8s8 or s8s8, u8s16 or s8s16 (int16 weights), or bf16):
     vnni512  x86 AVX-512 VNNI: vpdpbusd zmm (u8 × s8), A's 4-byte group broadcast from memory ({1to16})
     vnni256, vnni128  x86 AVX-VNNI / AVX-512 VNNI + VL: vpdpbusd ymm / xmm
     pmaddwd<bits>  x86 without VNNI (or s8 A): with int16 weights (u8s16 / s8s16: graph/quant_pack.py dot_group)

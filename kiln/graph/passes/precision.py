@@ -74,14 +74,15 @@ def assign_precision(g: Graph, precision: str = "fp32", target: Target | None = 
     """Mark every MatMul and dense Conv with `attrs["precision"]` (bf16 anchors) — see the module docstring. On a
     target without a bf16 dot product (switch `native_bf16_only`) they stay float32, marked `bf16_kept_fp32`."""
     check_precision(precision)
-    emulate = target is None or bf16_dot_product(target) or not (options or {}).get("native_bf16_only", True)
+    # bf16 where the target multiplies it, or is asked to emulate it (the switch off); else float32
+    use_bf16 = target is None or bf16_dot_product(target) or not (options or {}).get("native_bf16_only", True)
     for n in g.nodes:
         if n.op == "MatMul" or n.op == "Conv":
             dense = n.op == "MatMul" or n.attrs.get("group", 1) == 1
             floats = all(v.dtype == "float32" for v in n.inputs[:2])
             bf16 = precision == "bf16" and dense and floats
-            n.attrs["precision"] = "bf16" if bf16 and emulate else "fp32"
-            if bf16 and not emulate:
+            n.attrs["precision"] = "bf16" if bf16 and use_bf16 else "fp32"
+            if bf16 and not use_bf16:
                 n.attrs["bf16_kept_fp32"] = True   # exe.meta["precision"] says "fp32" for it
     return g
 
